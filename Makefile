@@ -1,0 +1,36 @@
+# kernelperf: `make install` then `make test` on any machine; `make test-gpu` on a GPU.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+JOBS ?= auto
+
+.PHONY: install test lint pytest test-gpu list clean
+
+install: $(VENV)/.installed
+
+# torch==2.13.0 is pinned before the project so pip takes the CPU build where
+# one is provided (a range would let pip choose a multi-GB CUDA build).
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0 triton==3.6.0
+	$(BIN)/python -m pip install --quiet -e '.[dev,triton]'
+	touch $@
+
+test: install lint pytest
+
+lint: install
+	$(BIN)/ruff check .
+
+pytest: install
+	$(BIN)/python -m pytest -n $(JOBS)
+
+# On a GPU machine whose python3 already has jax[cuda], torch and triton.
+test-gpu:
+	$(PYTHON) -m pytest -m gpu -n 0
+
+list: install
+	$(BIN)/python -m kernels list
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

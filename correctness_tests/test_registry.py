@@ -1,0 +1,69 @@
+"""The registry's declarations hold together, and input validation names what is wrong."""
+
+import numpy as np
+import pytest
+
+from kernels import registry, validation
+
+
+def test_every_operation_is_complete():
+    for op in registry.operations():
+        assert op.cases_tagged("cpu"), f"{op.name} has no CPU cases"
+        assert op.cases_tagged("gpu"), f"{op.name} has no GPU cases"
+        assert registry.implementations(op.name), f"{op.name} has no implementations"
+        assert any(impl.baseline for impl in registry.implementations(op.name))
+        for case in op.cases:
+            for direction in registry.DIRECTIONS:
+                work = op.work(case, direction)
+                assert work.flops > 0 and work.bytes > 0, (case.id, direction)
+            assert 0 < op.tolerance(case) < 0.05, case.id
+
+
+def test_nothing_failed_to_register():
+    failures = registry.import_failures()
+    assert not failures, failures
+
+
+def test_case_ids_name_dtype_shape_and_variant():
+    case = registry.make_case("softmax", "bf16", {"rows": 3, "cols": 5}, variant="masked")
+    assert case.id == "bf16-3x5-masked"
+    flagged = registry.make_case("attention", "f16", {"b": 2, "s": 64}, params={"causal": True})
+    assert flagged.id == "f16-2x64-causal"
+    assert case["cols"] == 5
+    with pytest.raises(KeyError, match="no dimension 'heads'"):
+        case["heads"]
+
+
+def test_case_rejects_bad_dims_and_dtypes():
+    with pytest.raises(ValueError, match="rows: expected a positive int, got 0"):
+        registry.make_case("softmax", "f32", {"rows": 0, "cols": 5})
+    with pytest.raises(ValueError, match="dtype: expected one of"):
+        registry.make_case("softmax", "int8", {"rows": 1, "cols": 5})
+
+
+def test_unknown_names_say_what_exists():
+    with pytest.raises(KeyError, match="unknown operation 'nope'.*softmax"):
+        registry.operation("nope")
+    with pytest.raises(KeyError, match="unknown implementation 'nope' of 'softmax'.*pallas"):
+        registry.implementation("softmax", "nope")
+
+
+def test_softmax_work_model():
+    op = registry.operation("softmax")
+    case = registry.make_case("softmax", "bf16", {"rows": 32768, "cols": 4096})
+    fwd, bwd = op.work(case, "fwd"), op.work(case, "bwd")
+    assert fwd.bytes == 2 * 2 * 32768 * 4096  # read x, write y, 2 bytes each
+    assert bwd.bytes == 3 * 2 * 32768 * 4096  # read y and dy, write dx
+    assert fwd.intensity == pytest.approx(5 / 4)
+
+
+def test_check_same_dtype_names_each_argument():
+    q, k = np.ones((2, 2), np.float32), np.ones((2, 2), np.float16)
+    with pytest.raises(TypeError, match="q=float32, k=float16"):
+        validation.check_same_dtype(q=q, k=k)
+    validation.check_same_dtype(q=q, k=q)
+
+
+def test_check_array_rank():
+    with pytest.raises(ValueError, match=r"q: expected rank 4, got shape \(4, 128\)"):
+        validation.check_array("q", np.ones((4, 128), np.float32), rank=4)

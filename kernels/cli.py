@@ -1,0 +1,90 @@
+"""Command line: `python -m kernels list` and `python -m kernels check`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kernels import environment
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True))
+             for row in [header, *rows]]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from kernels import devices, registry
+
+    machine = devices.this_machine()
+    print(f"machine: {machine.describe()}")
+    rows = []
+    for op in registry.operations():
+        for impl in registry.implementations(op.name):
+            reason = devices.unavailable_reason(impl, machine)
+            if reason is None:
+                status = "runs here" + ("" if machine.has_gpu or impl.framework != "jax"
+                                        or impl.baseline else " (Pallas interpreted)")
+            else:
+                status = f"no: {reason}"
+            rows.append([op.name, impl.name, "baseline" if impl.baseline else "kernel",
+                         impl.framework, f"{len(op.cases_tagged('cpu'))}/"
+                         f"{len(op.cases_tagged('gpu'))}", status])
+    print(_table(rows, ["operation", "implementation", "role", "framework", "cases cpu/gpu",
+                        "status"]))
+    for name, why in registry.import_failures().items():
+        print(f"not registered: {name}: {why}")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Correctness table with error norms: the same harness the tests use."""
+    from kernels import checking, devices, registry
+
+    machine = devices.this_machine()
+    print(f"machine: {machine.describe()}", flush=True)
+    ops = [registry.operation(args.op)] if args.op else registry.operations()
+    rows, failed = [], 0
+    for op in ops:
+        impls = [registry.implementation(op.name, n) for n in args.impl] if args.impl \
+            else registry.implementations(op.name)
+        for impl in impls:
+            for case in registry.select_cases(op, args.tags):
+                reason = devices.case_unavailable_reason(impl, case, machine)
+                if reason:
+                    rows.append([impl.id, case.id, "-", "-", "-", f"skipped: {reason}"])
+                    continue
+                for distribution in op.distributions:
+                    try:
+                        results = checking.check(impl, case, seed=args.seed,
+                                                 distribution=distribution)
+                    except checking.CheckFailure as error:
+                        failed += 1
+                        rows.append([impl.id, case.id, distribution, "-", "-", f"FAIL {error}"])
+                        continue
+                    out, grads = results[0], results[1:]
+                    grad = max((g.relative_error for g in grads), default=float("nan"))
+                    rows.append([impl.id, case.id, distribution, f"{out.relative_error:.1e}",
+                                 f"{grad:.1e}", f"ok (tol {out.tolerance:.1e})"])
+                print(f"  checked {impl.id} {case.id}", file=sys.stderr, flush=True)
+    print(_table(rows, ["implementation", "case", "inputs", "rel err out", "rel err grad",
+                        "result"]))
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    environment.configure()
+    parser = argparse.ArgumentParser(prog="python -m kernels", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="operations, implementations, and whether each runs here")
+    check = sub.add_parser("check", help="compare implementations with the reference")
+    check.add_argument("op", nargs="?", help="operation (default: all)")
+    check.add_argument("--impl", action="append", help="implementation name (repeatable)")
+    check.add_argument("--tags", nargs="+", default=["cpu", "gpu"],
+                       help="case sets to run (default: cpu gpu)")
+    check.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    return {"list": cmd_list, "check": cmd_check}[args.command](args)

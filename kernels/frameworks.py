@@ -1,0 +1,141 @@
+"""Bridges between the registry's numpy inputs and each framework's arrays.
+
+The harness makes inputs as numpy arrays and compares numpy results, so one
+comparison serves every framework. Each adapter places inputs on the
+framework's default device, brings results back, takes a vector-Jacobian
+product, and waits for the device. torch tensors come through NumPy (on CPU,
+and for first placement on GPU); see `jax_to_torch` for the zero-copy path.
+
+Kernels that allocate their own output (Triton, CUDA) call `torch_empty`, which
+fills the buffer with NaN while `poisoned_outputs()` is active, so an element
+the kernel never writes shows up as NaN in the comparison.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from kernels import dtypes
+
+_POISON = contextvars.ContextVar("kernelperf_poison_outputs", default=False)
+
+
+@contextlib.contextmanager
+def poisoned_outputs() -> Iterator[None]:
+    """While active, `torch_empty` returns NaN-filled buffers instead of uninitialised ones."""
+    token = _POISON.set(True)
+    try:
+        yield
+    finally:
+        _POISON.reset(token)
+
+
+def poisoning() -> bool:
+    return _POISON.get()
+
+
+class JaxFramework:
+    name = "jax"
+
+    def from_numpy(self, arrays: Sequence[np.ndarray]) -> tuple[Any, ...]:
+        import jax.numpy as jnp
+
+        return tuple(jnp.asarray(a) for a in arrays)
+
+    def to_numpy(self, value: Any) -> np.ndarray:
+        return np.asarray(value)
+
+    def vjp(self, fn: Callable[..., Any], args: Sequence[Any], cotangent: np.ndarray,
+            kwargs: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
+        import jax
+        import jax.numpy as jnp
+
+        out, pullback = jax.vjp(lambda *a: fn(*a, **kwargs), *args)
+        return out, pullback(jnp.asarray(cotangent, dtype=out.dtype))
+
+    def synchronize(self, value: Any) -> Any:
+        import jax
+
+        return jax.block_until_ready(value)
+
+
+class TorchFramework:
+    name = "torch"
+
+    @staticmethod
+    def device() -> str:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def from_numpy(self, arrays: Sequence[np.ndarray]) -> tuple[Any, ...]:
+        return tuple(numpy_to_torch(a, self.device()) for a in arrays)
+
+    def to_numpy(self, value: Any) -> np.ndarray:
+        return torch_to_numpy(value)
+
+    def vjp(self, fn: Callable[..., Any], args: Sequence[Any], cotangent: np.ndarray,
+            kwargs: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
+        leaves = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
+        out = fn(*leaves, **kwargs)
+        out.backward(numpy_to_torch(cotangent.astype(dtypes.to_numpy(
+            dtypes.short_name(out.dtype))), out.device.type))
+        return out.detach(), tuple(leaf.grad for leaf in leaves)
+
+    def synchronize(self, value: Any) -> Any:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return value
+
+
+FRAMEWORKS = {"jax": JaxFramework(), "torch": TorchFramework()}
+
+
+def framework(name: str) -> JaxFramework | TorchFramework:
+    try:
+        return FRAMEWORKS[name]
+    except KeyError:
+        raise ValueError(f"framework: expected one of {sorted(FRAMEWORKS)}, got {name!r}") from None
+
+
+def numpy_to_torch(array: np.ndarray, device: str) -> Any:
+    import torch
+
+    if array.dtype == dtypes.to_numpy("bf16"):
+        # torch.from_numpy does not know ml_dtypes' bfloat16: move the bits.
+        tensor = torch.from_numpy(array.view(np.uint16).copy()).view(torch.bfloat16)
+    else:
+        tensor = torch.from_numpy(np.ascontiguousarray(array).copy())
+    return tensor.to(device)
+
+
+def torch_to_numpy(tensor: Any) -> np.ndarray:
+    import torch
+
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.uint16).numpy().view(dtypes.to_numpy("bf16"))
+    return tensor.numpy()
+
+
+def jax_to_torch(array: Any) -> Any:
+    """Zero-copy view of a JAX array as a torch tensor (DLPack); same device."""
+    import torch
+
+    return torch.from_dlpack(array)
+
+
+def torch_empty(shape: Sequence[int], dtype: Any, device: Any) -> Any:
+    """An output buffer for a kernel to fill: NaN-poisoned under `poisoned_outputs()`."""
+    import torch
+
+    if poisoning():
+        return torch.full(tuple(shape), float("nan"), dtype=dtype, device=device)
+    return torch.empty(tuple(shape), dtype=dtype, device=device)

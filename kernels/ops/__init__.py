@@ -1,0 +1,1 @@
+"""Operations, one package each: spec.py declares it; every other module is an implementation."""

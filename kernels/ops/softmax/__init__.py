@@ -1,0 +1,1 @@
+"""Softmax over the last axis."""

@@ -1,0 +1,228 @@
+"""Softmax in Pallas (Triton lowering): online softmax over column blocks, custom VJP.
+
+Each program owns `block_rows` rows and walks their columns in blocks of
+`block_cols`. When a row fits one block it is read once, normalised in
+registers and written. Otherwise the first pass keeps a running max m and sum
+l = sum(exp(x - m)), rescaling l by exp(m_old - m_new) whenever the max grows
+(Milakov & Gimelshein, "Online normalizer calculation for softmax", 2018), and
+the second pass writes exp(x - m) / l. Out-of-range rows and columns are
+masked loads (-inf) and masked stores, so no shape needs padding.
+
+Backward: dx = y * (dy - sum(y * dy)), from the saved output y, in the same
+block structure. Arithmetic is float32 whatever the input dtype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from kernels import compat, registry
+from kernels.ops.softmax import spec
+
+plt = compat.pallas_triton()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SoftmaxConfig:
+    """Block shape (powers of two, as Triton requires) and warps per program."""
+
+    block_rows: int
+    block_cols: int
+    num_warps: int
+
+    def __post_init__(self) -> None:
+        for name in ("block_rows", "block_cols", "num_warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"{name}: expected a power of two, got {value}")
+
+
+# Widest column block held in registers: 16 KiB of float32 per row keeps 8 warps
+# at 16 values per thread, without spilling.
+MAX_BLOCK_COLS = 4096
+# Fewest elements a program should own; small rows are batched up to this.
+MIN_BLOCK_ELEMENTS = 2048
+
+
+def default_config(rows: int, cols: int) -> SoftmaxConfig:
+    block_cols = min(pl.next_power_of_2(cols), MAX_BLOCK_COLS)
+    block_rows = min(pl.next_power_of_2(rows), max(1, MIN_BLOCK_ELEMENTS // block_cols))
+    elements = block_rows * block_cols
+    num_warps = 8 if elements >= 4096 else 4 if elements >= 1024 else 1
+    return SoftmaxConfig(block_rows=block_rows, block_cols=block_cols, num_warps=num_warps)
+
+
+def _block(ref, row_start, col_start, rows: int, cols: int, config: SoftmaxConfig):
+    """Index and mask of one (block_rows, block_cols) tile, for masked load/store."""
+    row_ids = row_start + jnp.arange(config.block_rows)
+    col_ids = col_start + jnp.arange(config.block_cols)
+    mask = (row_ids < rows)[:, None] & (col_ids < cols)[None, :]
+    index = ref.at[pl.ds(row_start, config.block_rows), pl.ds(col_start, config.block_cols)]
+    return index, mask
+
+
+def _load_f32(ref, row_start, col_start, rows, cols, config, other):
+    index, mask = _block(ref, row_start, col_start, rows, cols, config)
+    return plt.load(index, mask=mask, other=other).astype(jnp.float32)
+
+
+def _store(ref, value, row_start, col_start, rows, cols, config):
+    index, mask = _block(ref, row_start, col_start, rows, cols, config)
+    plt.store(index, value.astype(ref.dtype), mask=mask)
+
+
+def _num_col_blocks(cols: int, config: SoftmaxConfig) -> int:
+    return pl.cdiv(cols, config.block_cols)
+
+
+def softmax_forward_kernel(
+    # Inputs
+    x_ref,
+    # Outputs
+    y_ref,
+    *,
+    config: SoftmaxConfig,
+):
+    rows, cols = x_ref.shape
+    row_start = pl.program_id(0) * config.block_rows
+    load = functools.partial(_load_f32, x_ref, row_start, rows=rows, cols=cols, config=config,
+                             other=-jnp.inf)
+    store = functools.partial(_store, y_ref, row_start=row_start, rows=rows, cols=cols,
+                              config=config)
+    num_blocks = _num_col_blocks(cols, config)
+
+    if num_blocks == 1:
+        x = load(0)
+        numerator = jnp.exp(x - jnp.max(x, axis=1, keepdims=True))
+        store(numerator / jnp.sum(numerator, axis=1, keepdims=True), col_start=0)
+        return
+
+    def accumulate(block, carry):
+        m, row_sum = carry
+        x = load(block * config.block_cols)
+        m_new = jnp.maximum(m, jnp.max(x, axis=1))
+        # A row whose entries so far are all -inf has m_new = -inf; shift by 0
+        # instead so exp() gives 0, not NaN from (-inf) - (-inf).
+        shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+        row_sum = row_sum * jnp.exp(m - shift) + jnp.sum(jnp.exp(x - shift[:, None]), axis=1)
+        return m_new, row_sum
+
+    init = (jnp.full((config.block_rows,), -jnp.inf, jnp.float32),
+            jnp.zeros((config.block_rows,), jnp.float32))
+    m, row_sum = jax.lax.fori_loop(0, num_blocks, accumulate, init)
+
+    def write(block, _):
+        col_start = block * config.block_cols
+        x = load(col_start)
+        store(jnp.exp(x - m[:, None]) / row_sum[:, None], col_start=col_start)
+        return _
+
+    jax.lax.fori_loop(0, num_blocks, write, 0)
+
+
+def softmax_backward_kernel(
+    # Inputs
+    y_ref,
+    dy_ref,
+    # Outputs
+    dx_ref,
+    *,
+    config: SoftmaxConfig,
+):
+    rows, cols = y_ref.shape
+    row_start = pl.program_id(0) * config.block_rows
+    where = dict(rows=rows, cols=cols, config=config)
+    num_blocks = _num_col_blocks(cols, config)
+
+    def load_pair(col_start):
+        return (_load_f32(y_ref, row_start, col_start, other=0.0, **where),
+                _load_f32(dy_ref, row_start, col_start, other=0.0, **where))
+
+    if num_blocks == 1:
+        y, dy = load_pair(0)
+        dot = jnp.sum(y * dy, axis=1, keepdims=True)
+        _store(dx_ref, y * (dy - dot), row_start, 0, **where)
+        return
+
+    def accumulate(block, dot):
+        y, dy = load_pair(block * config.block_cols)
+        return dot + jnp.sum(y * dy, axis=1)
+
+    dot = jax.lax.fori_loop(0, num_blocks, accumulate,
+                            jnp.zeros((config.block_rows,), jnp.float32))
+
+    def write(block, _):
+        col_start = block * config.block_cols
+        y, dy = load_pair(col_start)
+        _store(dx_ref, y * (dy - dot[:, None]), row_start, col_start, **where)
+        return _
+
+    jax.lax.fori_loop(0, num_blocks, write, 0)
+
+
+def _launch(kernel, inputs, config: SoftmaxConfig, interpret: bool, name: str):
+    rows, _ = inputs[0].shape
+    return pl.pallas_call(
+        functools.partial(kernel, config=config),
+        out_shape=jax.ShapeDtypeStruct(inputs[0].shape, inputs[0].dtype),
+        grid=(pl.cdiv(rows, config.block_rows),),
+        compiler_params=plt.CompilerParams(num_warps=config.num_warps, num_stages=1),
+        interpret=interpret,
+        name=name,
+    )(*inputs)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _softmax_2d(x: jax.Array, config: SoftmaxConfig, interpret: bool) -> jax.Array:
+    return _launch(softmax_forward_kernel, (x,), config, interpret, "softmax_forward")
+
+
+def _softmax_2d_fwd(x, config, interpret):
+    y = _softmax_2d(x, config, interpret)
+    return y, y
+
+
+def _softmax_2d_bwd(config, interpret, y, dy):
+    return (_launch(softmax_backward_kernel, (y, dy), config, interpret, "softmax_backward"),)
+
+
+_softmax_2d.defvjp(_softmax_2d_fwd, _softmax_2d_bwd)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "interpret"))
+def _softmax(x: jax.Array, config: SoftmaxConfig | None, interpret: bool) -> jax.Array:
+    rows = x.size // x.shape[-1]
+    x2 = x.reshape(rows, x.shape[-1])
+    config = config or default_config(*x2.shape)
+    return _softmax_2d(x2, config, interpret).reshape(x.shape)
+
+
+def softmax(x: jax.Array, *, config: SoftmaxConfig | None = None,
+            interpret: bool | None = None) -> jax.Array:
+    """Softmax of `x` over its last axis; differentiable.
+
+    Args:
+      x: float32, bfloat16 or float16 array of rank >= 1; leading axes are
+        flattened into rows.
+      config: block shape; `default_config(rows, cols)` when None.
+      interpret: run the Pallas interpreter; by default wherever JAX has no GPU.
+    Returns:
+      An array of x's shape and dtype.
+    """
+    spec.validate(x)
+    if interpret is None:
+        interpret = compat.pallas_interpret()
+    return _softmax(x, config, interpret)
+
+
+registry.register_implementation(registry.Implementation(
+    op=spec.NAME,
+    name="pallas",
+    fn=softmax,
+    description="Pallas (Triton lowering), online softmax over column blocks; custom VJP",
+))
