@@ -136,7 +136,7 @@ def check(impl: registry.Implementation, case: registry.Case, *, seed: int = 0,
     label = f"{impl.id}[{case.id}, {distribution}, seed {seed}]"
 
     out_example_rng = np.random.default_rng(seed + 1_000_003)
-    args = fw.from_numpy(inputs)
+    args = impl.place(case, fw.from_numpy(inputs))
     with frameworks.poisoned_outputs():
         out = fw.synchronize(impl.fn(*args, **case.kwargs))
     out_np = fw.to_numpy(out)
@@ -158,7 +158,8 @@ def check(impl: registry.Implementation, case: registry.Case, *, seed: int = 0,
 
     if with_grad:
         with frameworks.poisoned_outputs():
-            _, grads = fw.vjp(impl.fn, fw.from_numpy(inputs), cotangent, case.kwargs)
+            _, grads = fw.vjp(impl.fn, impl.place(case, fw.from_numpy(inputs)), cotangent,
+                              case.kwargs)
             grads = fw.synchronize(grads)
         for name, grad, ref_grad, magnitude in zip(op.input_names, grads, ref_grads, magnitudes,
                                                    strict=True):

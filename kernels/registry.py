@@ -86,10 +86,12 @@ def make_case(op: str, dtype: str, dims: Mapping[str, int], *, params: Mapping[s
 
 @dataclasses.dataclass(frozen=True)
 class Work:
-    """The work a case demands: FLOPs, and the fewest bytes it must move through memory."""
+    """The work a case demands: FLOPs, the fewest bytes it must move through device memory,
+    and (for sharded operations) the bytes that must cross between devices."""
 
     flops: float
     bytes: float
+    comm_bytes: float = 0.0
 
     @property
     def intensity(self) -> float:
@@ -177,6 +179,8 @@ class Implementation:
     framework: "jax" or "torch": how inputs are placed and gradients taken.
     baseline: a peer we measure against (XLA, cuDNN, torch), not our kernel.
     supports: case -> None, or the reason this implementation cannot run it.
+    prepare: optional (case, *framework_inputs) -> inputs for fn, run once
+        outside any timed region (e.g. placing inputs with a sharding).
     """
 
     op: str
@@ -187,7 +191,12 @@ class Implementation:
     baseline: bool = False
     differentiable: bool = True
     supports: Callable[[Case], str | None] = lambda case: None
+    prepare: Callable[..., tuple[Any, ...]] | None = None
     description: str = ""
+
+    def place(self, case: Case, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Inputs as `fn` takes them: `prepare` applied, if any."""
+        return tuple(self.prepare(case, *args)) if self.prepare else tuple(args)
 
     @property
     def id(self) -> str:

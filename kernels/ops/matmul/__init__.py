@@ -1,0 +1,1 @@
+"""Matrix product C = A @ B."""

@@ -1,0 +1,117 @@
+"""Matrix product C = A @ B: reference, inputs, work model, tolerance and cases."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernels import checking, dtypes, registry, validation
+
+NAME = "matmul"
+SUPPORTED_DTYPES = ("f32", "bf16", "f16")
+
+
+def reference(a: jax.Array, b: jax.Array) -> jax.Array:
+    """(m, k) @ (k, n) at full float32 precision (no TF32)."""
+    return jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST)
+
+
+def validate(a, b) -> None:
+    """Checks every matmul implementation of ours applies before launching."""
+    validation.check_array("a", a, rank=2, allowed_dtypes=SUPPORTED_DTYPES)
+    validation.check_array("b", b, rank=2, allowed_dtypes=SUPPORTED_DTYPES)
+    validation.check_same_dtype(a=a, b=b)
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"b: expected {a.shape[1]} rows to match a's columns (a is "
+                         f"{tuple(a.shape)}), got shape {tuple(b.shape)}")
+    for name, x in (("a", a), ("b", b)):
+        validation.check_nonempty_axis(name, x, 0)
+        validation.check_nonempty_axis(name, x, 1)
+
+
+def make_inputs(case: registry.Case, rng: np.random.Generator,
+                distribution: str) -> tuple[np.ndarray, np.ndarray]:
+    """Normal(0, 1) entries scaled by 1/sqrt(k) so C stays O(1); "large" multiplies by 50."""
+    m, n, k = case["m"], case["n"], case["k"]
+    scale = (50.0 if distribution == "large" else 1.0) / np.sqrt(k)
+    dtype = dtypes.to_numpy(case.dtype)
+    a = (rng.standard_normal((m, k), dtype=np.float32) * scale).astype(dtype)
+    b = rng.standard_normal((k, n), dtype=np.float32).astype(dtype)
+    return a, b
+
+
+def work(case: registry.Case, direction: str) -> registry.Work:
+    """2mnk FLOPs forward; backward is two products (dA = dC B^T, dB = A^T dC): 4mnk.
+
+    Bytes: each operand read once and the result written once; backward reads
+    A, B, dC and writes dA, dB.
+    """
+    m, n, k = case["m"], case["n"], case["k"]
+    itemsize = dtypes.to_numpy(case.dtype).itemsize
+    if direction == "fwd":
+        return registry.Work(flops=2.0 * m * n * k, bytes=(m * k + k * n + m * n) * itemsize)
+    if direction == "bwd":
+        return registry.Work(flops=4.0 * m * n * k,
+                             bytes=2.0 * (m * k + k * n + m * n) * itemsize)
+    raise ValueError(f"direction: expected one of {registry.DIRECTIONS}, got {direction!r}")
+
+
+def tolerance(case: registry.Case) -> float:
+    # f32 operands may be multiplied in TF32 by Triton's default dot: allow for its
+    # 10-bit mantissa where the dtype is f32.
+    if case.dtype == "f32":
+        return 2.0 ** -10 + checking.relative_tolerance("f32", case["k"])
+    return checking.relative_tolerance(case.dtype, case["k"])
+
+
+def gradient_magnitude(inputs, c, dc):
+    """|dC| |B|^T and |A|^T |dC|: the size of the terms in each gradient."""
+    a, b = inputs
+    return jnp.abs(dc) @ jnp.abs(b).T, jnp.abs(a).T @ jnp.abs(dc)
+
+
+def _case(dtype: str, m: int, n: int, k: int, *tags: str) -> registry.Case:
+    return registry.make_case(NAME, dtype, {"m": m, "n": n, "k": k}, tags=tags)
+
+
+def _cases() -> tuple[registry.Case, ...]:
+    cases = []
+    for dtype in SUPPORTED_DTYPES:
+        # Small and awkward: not multiples of any tile, a single row, a single column.
+        for m, n, k in [(64, 64, 64), (33, 17, 65), (1, 128, 96), (100, 1, 300), (129, 130, 257)]:
+            cases.append(_case(dtype, m, n, k, "cpu"))
+        for m, n, k in [(4096, 4096, 4096), (8192, 8192, 8192), (4097, 4095, 4100),
+                        (16384, 1024, 8192)]:
+            cases.append(_case(dtype, m, n, k, "gpu"))
+    return tuple(cases)
+
+
+BAD_INPUTS = (
+    registry.BadInput("rank1", lambda: (np.ones(4, np.float32), np.ones((4, 4), np.float32)),
+                      ValueError, r"a: expected rank 2, got shape \(4,\)"),
+    registry.BadInput("mismatched-dtypes",
+                      lambda: (np.ones((4, 4), np.float32), np.ones((4, 4), np.float16)),
+                      TypeError, r"expected one dtype for a, b, got a=float32, b=float16"),
+    registry.BadInput("int8", lambda: (np.ones((4, 4), np.int8), np.ones((4, 4), np.int8)),
+                      TypeError, r"a: expected dtype in .* got int8"),
+    registry.BadInput("inner-mismatch",
+                      lambda: (np.ones((4, 5), np.float32), np.ones((4, 4), np.float32)),
+                      ValueError, r"b: expected 5 rows to match a's columns"),
+    registry.BadInput("empty", lambda: (np.ones((0, 4), np.float32), np.ones((4, 4), np.float32)),
+                      ValueError, r"a: expected a non-empty axis 0"),
+)
+
+OPERATION = registry.register_operation(registry.Operation(
+    name=NAME,
+    description="matrix product (m, k) @ (k, n)",
+    input_names=("a", "b"),
+    reference=reference,
+    make_inputs=make_inputs,
+    work=work,
+    tolerance=tolerance,
+    cases=_cases(),
+    validate=validate,
+    bad_inputs=BAD_INPUTS,
+    gradient_magnitude=gradient_magnitude,
+))
