@@ -9,9 +9,14 @@ SEEDS = (0, 1)
 
 
 def test_matches_reference(kernel_item, record_property):
-    """Two seeds, fresh inputs each: output, gradients, untouched inputs (kernels.checking)."""
+    """Fresh inputs per seed: output, gradients, untouched inputs (kernels.checking).
+
+    Real-size cases take one seed: the small cases already vary the seed, and a
+    10^8-element case costs seconds per comparison.
+    """
     worst = 0.0
-    for seed in SEEDS:
+    seeds = SEEDS if "cpu" in kernel_item.case.tags else SEEDS[:1]
+    for seed in seeds:
         for result in checking.check(kernel_item.impl, kernel_item.case, seed=seed,
                                      distribution=kernel_item.distribution):
             worst = max(worst, result.relative_error / result.tolerance)
