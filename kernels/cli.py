@@ -8,7 +8,7 @@ import sys
 from kernels import environment
 
 
-def _table(rows: list[list[str]], header: list[str]) -> str:
+def table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True))
              for row in [header, *rows]]
@@ -33,7 +33,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             rows.append([op.name, impl.name, "baseline" if impl.baseline else "kernel",
                          impl.framework, f"{len(op.cases_tagged('cpu'))}/"
                          f"{len(op.cases_tagged('gpu'))}", status])
-    print(_table(rows, ["operation", "implementation", "role", "framework", "cases cpu/gpu",
+    print(table(rows, ["operation", "implementation", "role", "framework", "cases cpu/gpu",
                         "status"]))
     for name, why in registry.import_failures().items():
         print(f"not registered: {name}: {why}")
@@ -70,9 +70,27 @@ def cmd_check(args: argparse.Namespace) -> int:
                     rows.append([impl.id, case.id, distribution, f"{out.relative_error:.1e}",
                                  f"{grad:.1e}", f"ok (tol {out.tolerance:.1e})"])
                 print(f"  checked {impl.id} {case.id}", file=sys.stderr, flush=True)
-    print(_table(rows, ["implementation", "case", "inputs", "rel err out", "rel err grad",
+    print(table(rows, ["implementation", "case", "inputs", "rel err out", "rel err grad",
                         "result"]))
     return 1 if failed else 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """asv on HEAD (and the base, if given), then the compare table; its exit status."""
+    from kernels import asv_tools
+
+    revisions = [args.base, args.head] if args.base else [args.head]
+    machine = asv_tools.bench(revisions, bench_regex=args.bench)
+    if not args.base:
+        return 0
+    return asv_tools.run(args.base, args.head, machine=machine, min_gap=args.min_gap)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from kernels import asv_tools
+
+    machine = args.machine or asv_tools.machine_name()
+    return asv_tools.run(args.base, args.head, machine=machine, min_gap=args.min_gap)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,5 +104,19 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--tags", nargs="+", default=["cpu", "gpu"],
                        help="case sets to run (default: cpu gpu)")
     check.add_argument("--seed", type=int, default=0)
+    for name, help_text in (("bench", "run asv on HEAD (and --base), then compare"),
+                            ("compare", "compare two commits' asv results, verdict per row")):
+        sub_parser = sub.add_parser(name, help=help_text)
+        if name == "bench":
+            sub_parser.add_argument("--base", help="revision to compare against (e.g. main)")
+            sub_parser.add_argument("--head", default="HEAD")
+            sub_parser.add_argument("--bench", help="asv benchmark regex (e.g. Softmax)")
+        else:
+            sub_parser.add_argument("base")
+            sub_parser.add_argument("head", nargs="?", default="HEAD")
+            sub_parser.add_argument("--machine", help="asv machine (default: this device model)")
+        sub_parser.add_argument("--min-gap", type=float, default=0.05,
+                                help="relative change below which rows count as same")
     args = parser.parse_args(argv)
-    return {"list": cmd_list, "check": cmd_check}[args.command](args)
+    commands = {"list": cmd_list, "check": cmd_check, "bench": cmd_bench, "compare": cmd_compare}
+    return commands[args.command](args)

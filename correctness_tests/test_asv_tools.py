@@ -1,0 +1,62 @@
+"""Verdicts of `python -m kernels compare`: each unit judged the right way up, noise respected."""
+
+import numpy as np
+import pytest
+
+asv_tools = pytest.importorskip("kernels.asv_tools")
+statistics = pytest.importorskip("asv_runner.statistics")
+
+
+def _timed(center: float, spread: float, n: int = 20, seed: int = 0) -> asv_tools.Result:
+    samples = list(center + spread * np.random.default_rng(seed).standard_normal(n))
+    value, stats = statistics.compute_stats(samples, 1)
+    return asv_tools.Result(value, samples, stats)
+
+
+def _tracked(value: float) -> asv_tools.Result:
+    return asv_tools.Result(value, None, None)
+
+
+TIME = "benchmarks.Softmax.time_device"
+
+
+def test_clear_slowdown_is_slower_and_fails_the_gate():
+    ratio, word = asv_tools.verdict(TIME, _timed(1e-3, 1e-6), _timed(1.2e-3, 1e-6, seed=1))
+    assert word == "slower" and ratio == pytest.approx(1.2, rel=1e-2)
+    rows = [asv_tools.Row(TIME, (), 1e-3, 1.2e-3, ratio, word)]
+    assert asv_tools.exit_status(rows) == 1
+
+
+def test_clear_speedup_is_faster():
+    assert asv_tools.verdict(TIME, _timed(1e-3, 1e-6), _timed(0.8e-3, 1e-6, seed=1))[1] == "faster"
+
+
+def test_small_change_counts_as_same_even_if_significant():
+    assert asv_tools.verdict(TIME, _timed(1e-3, 1e-7), _timed(1.01e-3, 1e-7, seed=1))[1] == "same"
+
+
+def test_large_change_within_noise_is_too_noisy():
+    base, head = _timed(1e-3, 4e-4, n=6), _timed(1.1e-3, 4e-4, n=6, seed=1)
+    assert asv_tools.verdict(TIME, base, head)[1] == "too noisy to tell"
+
+
+def test_higher_throughput_is_better_not_worse():
+    ratio, word = asv_tools.verdict("benchmarks.Matmul.track_tflops", _tracked(500.0),
+                                    _tracked(600.0))
+    assert word == "better (no samples)" and ratio == pytest.approx(1.2)
+    assert asv_tools.verdict("benchmarks.Matmul.track_tflops", _tracked(600.0),
+                             _tracked(500.0))[1] == "worse (no samples)"
+
+
+def test_failure_on_head_is_reported_and_exits_2():
+    ratio, word = asv_tools.verdict(TIME, _timed(1e-3, 1e-6), asv_tools.Result(None, None, None))
+    assert word == "FAILED on head"
+    assert asv_tools.exit_status([asv_tools.Row(TIME, (), 1e-3, None, None, word)]) == 2
+
+
+def test_render_shows_units_and_verdicts():
+    rows = asv_tools.compare({(TIME, ("'pallas'",)): _timed(1e-3, 1e-6)},
+                             {(TIME, ("'pallas'",)): _timed(1.5e-3, 1e-6, seed=1)})
+    text = asv_tools.render(rows)
+    assert "Softmax.time_device" in text and "pallas" in text and "slower" in text
+    assert " us " in text and "1.500" in text

@@ -1,0 +1,210 @@
+"""asv helpers: the machine name, running commits, and comparing results the right way up.
+
+`bench(revisions)` registers this machine with asv under its normalised GPU
+(or CPU) model name, so results are kept per GPU model, and runs asv on each
+revision. `run()` compares two commits' results with a verdict per row.
+
+asv 0.6 treats a larger number as worse for every benchmark, so a drop in
+TFLOP/s would read as an improvement, and `asv compare` always exits 0. Here:
+
+  time_device   lower is better; asv's own test (`asv._stats.is_different`:
+                Mann-Whitney U at p < 0.002, or 99% confidence intervals)
+                decides whether the samples differ at all, and a change must
+                also exceed `min_gap` (relative) to count: "faster" / "slower",
+                "same", or "too noisy to tell" (a large change the samples
+                cannot confirm).
+  track_*       no samples (asv keeps none for track_): higher is better for
+                TFLOP/s, GB/s, roofline fraction and speedup, lower for memory;
+                judged by ratio against `min_gap` alone, and labelled so.
+
+Exit status of `run()`: 1 if any time_device row is slower, 2 if a benchmark
+that ran on the base failed on the head, else 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import subprocess
+
+LOWER_IS_BETTER = {"time_device": True, "track_tflops": False, "track_gbps": False,
+                   "track_roofline": False, "track_speedup": False, "track_peak_memory": True}
+UNITS = {"time_device": "s", "track_tflops": "TFLOP/s", "track_gbps": "GB/s",
+         "track_roofline": "of roof", "track_speedup": "x", "track_peak_memory": "B"}
+DEFAULT_MIN_GAP = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    value: float | None
+    samples: list[float] | None
+    stats: dict | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    benchmark: str
+    params: tuple[str, ...]
+    base: float | None
+    head: float | None
+    ratio: float | None
+    verdict: str
+
+
+def machine_name() -> str:
+    """asv's machine name: the normalised device model, e.g. nvidia-h100-80gb-hbm3."""
+    from kernels import fingerprint
+
+    return fingerprint.fingerprint().model
+
+
+def _asv(*args: str) -> None:
+    import sys
+
+    command = [sys.executable, "-m", "asv", *args]
+    print("+ " + " ".join(command), flush=True)
+    subprocess.run(command, check=True)
+
+
+def register_machine(name: str) -> None:
+    """Create (or refresh) ~/.asv-machine.json's entry for this machine, non-interactively."""
+    import os
+    import platform
+
+    from kernels import fingerprint
+
+    device = fingerprint.fingerprint()
+    cpu = platform.processor() or platform.machine()
+    ram = str(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    _asv("machine", "--yes", "--machine", name, "--os", platform.platform(),
+         "--arch", platform.machine(), "--cpu", f"{cpu}; {device.describe()}",
+         "--num_cpu", str(os.cpu_count()), "--ram", ram)
+
+
+def bench(revisions: list[str], *, bench_regex: str | None = None) -> str:
+    """Run asv's benchmarks on each revision on this machine; returns the machine name."""
+    name = machine_name()
+    register_machine(name)
+    for revision in revisions:
+        args = ["run", "--machine", name, "--show-stderr", f"{full_hash(revision)}^!"]
+        if bench_regex:
+            args += ["--bench", bench_regex]
+        _asv(*args)
+    return name
+
+
+def full_hash(revision: str) -> str:
+    return subprocess.run(["git", "rev-parse", "--verify", f"{revision}^{{commit}}"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def load(results_dir: str, machine: str, commit: str) -> dict[tuple[str, tuple[str, ...]], Result]:
+    """Every (benchmark, parameters) result asv stored for `commit` on `machine`."""
+    from asv import results as asv_results
+
+    found: dict[tuple[str, tuple[str, ...]], Result] = {}
+    for res in asv_results.iter_results_for_machine_and_hash(results_dir, machine, commit):
+        for key in res.get_all_result_keys():
+            params = res.get_result_params(key)
+            combos = list(itertools.product(*params)) if params else [()]
+            values = res.get_result_value(key, params)
+            samples = res.get_result_samples(key, params)
+            stats = res.get_result_stats(key, params)
+            if not params:
+                values, samples, stats = [values], [samples], [stats]
+            for combo, value, sample, stat in zip(combos, values, samples, stats, strict=True):
+                if value is not None and isinstance(value, float) and math.isnan(value):
+                    value = None
+                found[(key, tuple(combo))] = Result(value, sample, stat)
+    return found
+
+
+def _method(benchmark: str) -> str:
+    return benchmark.rsplit(".", 1)[-1]
+
+
+def verdict(benchmark: str, base: Result | None, head: Result | None,
+            min_gap: float = DEFAULT_MIN_GAP) -> tuple[float | None, str]:
+    """(head / base, verdict) for one row."""
+    from asv import _stats
+
+    if base is None or base.value is None:
+        return None, "new" if head is not None and head.value is not None else "n/a"
+    if head is None or head.value is None:
+        return None, "FAILED on head"
+    ratio = head.value / base.value if base.value else math.inf
+    changed = ratio > 1 + min_gap or ratio < 1 / (1 + min_gap)
+    method = _method(benchmark)
+    lower_better = LOWER_IS_BETTER.get(method, True)
+    if method.startswith("time_"):
+        if base.samples and head.samples and base.stats and head.stats:
+            different = _stats.is_different(base.samples, head.samples, base.stats, head.stats)
+        else:
+            different = changed
+        if not changed:
+            return ratio, "same"
+        if not different:
+            return ratio, "too noisy to tell"
+        return ratio, "slower" if ratio > 1 else "faster"
+    if not changed:
+        return ratio, "same (no samples)"
+    better = ratio < 1 if lower_better else ratio > 1
+    return ratio, ("better" if better else "worse") + " (no samples)"
+
+
+def compare(base: dict, head: dict, min_gap: float = DEFAULT_MIN_GAP) -> list[Row]:
+    rows = []
+    for key in sorted(set(base) | set(head)):
+        ratio, word = verdict(key[0], base.get(key), head.get(key), min_gap)
+        if word == "n/a":
+            continue
+        b, h = base.get(key), head.get(key)
+        rows.append(Row(key[0], key[1], b.value if b else None, h.value if h else None, ratio,
+                        word))
+    return rows
+
+
+def _format(value: float | None, benchmark: str) -> str:
+    if value is None:
+        return "-"
+    unit = UNITS.get(_method(benchmark), "")
+    if unit == "s":
+        return f"{value * 1e6:.2f} us"
+    return f"{value:.3g} {unit}".strip()
+
+
+def render(rows: list[Row]) -> str:
+    from kernels.cli import table
+
+    body = [[row.benchmark.removeprefix("benchmarks."), ", ".join(p.strip("'") for p in row.params),
+             _format(row.base, row.benchmark), _format(row.head, row.benchmark),
+             f"{row.ratio:.3f}" if row.ratio is not None else "-", row.verdict] for row in rows]
+    return table(body, ["benchmark", "parameters", "base", "head", "head/base", "verdict"])
+
+
+def exit_status(rows: list[Row]) -> int:
+    if any(row.verdict == "FAILED on head" for row in rows):
+        return 2
+    if any(row.verdict == "slower" for row in rows):
+        return 1
+    return 0
+
+
+def run(base_rev: str, head_rev: str, *, machine: str, results_dir: str = ".asv/results",
+        min_gap: float = DEFAULT_MIN_GAP) -> int:
+    base_hash, head_hash = full_hash(base_rev), full_hash(head_rev)
+    base = load(results_dir, machine, base_hash)
+    head = load(results_dir, machine, head_hash)
+    if not base or not head:
+        missing = [rev for rev, found in ((base_rev, base), (head_rev, head)) if not found]
+        raise SystemExit(f"no asv results on machine {machine!r} for {', '.join(missing)} in "
+                         f"{results_dir}; run `make bench-compare BASE={base_rev}` first")
+    rows = compare(base, head, min_gap)
+    print(f"machine {machine}: {base_rev} ({base_hash[:8]}) -> {head_rev} ({head_hash[:8]}); "
+          f"changes under {min_gap:.0%} count as same")
+    print(render(rows))
+    words = sorted({row.verdict for row in rows})
+    counts = {word: sum(row.verdict == word for row in rows) for word in words}
+    print("summary: " + ", ".join(f"{n} {word}" for word, n in counts.items()))
+    return exit_status(rows)

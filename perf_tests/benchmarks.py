@@ -1,0 +1,194 @@
+"""asv benchmarks, generated from the registry: one class per operation.
+
+Each class is parametrized over (implementation, case, direction), with the
+operation's "bench" cases for this platform. Per benchmark:
+
+  time_device       device time, lower is better, the number to gate on.
+                    Each asv sample is one device-time sample from the
+                    measurement core (CUPTI for JAX, CUDA events for torch /
+                    Triton, host clock on CPU, L2 flushed before each: see
+                    kernels.timing); asv's timer is a clock advanced only by
+                    those samples, so asv's own statistics (Mann-Whitney,
+                    confidence intervals) apply to device time.
+  track_tflops      achieved TFLOP/s           } from one `kernels.timing.measure`
+  track_gbps        achieved GB/s              } per (implementation, case,
+  track_roofline    fraction of the roofline   } direction) per commit,
+  track_speedup     over the best baseline     } shared by these four.
+
+asv treats a larger number as worse for every benchmark (asv issue 1617), so
+the track_ numbers are for the dashboard; `python -m kernels compare` knows
+which direction is good for each unit. Combinations that cannot run here
+(missing GPU, unsupported case, no backward) are skipped (n/a).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import tempfile
+
+from kernels import environment
+
+environment.configure()
+
+from kernels.roofline import ceilings, model  # noqa: E402
+
+from kernels import devices, fingerprint, registry, timing  # noqa: E402
+
+BENCH_TAG = "bench"
+# Device-time samples per asv round: at least, at most, and the wall-time cap (s).
+REPEAT = (10, 100, 20.0)
+
+
+class DeviceClock:
+    """A clock that advances only by measured device time (asv's `timer`)."""
+
+    now = 0.0
+
+    @classmethod
+    def read(cls) -> float:
+        return cls.now
+
+    @classmethod
+    def advance(cls, seconds: float) -> None:
+        cls.now += seconds
+
+
+def bench_cases(op: registry.Operation) -> list[registry.Case]:
+    """The operation's "bench" cases for this platform ("gpu" or "cpu" sized)."""
+    platform_tag = "gpu" if devices.this_machine().has_gpu else "cpu"
+    return [c for c in op.cases if BENCH_TAG in c.tags and platform_tag in c.tags]
+
+
+def _resolve(op_name: str, impl_name: str, case_id: str, direction: str):
+    """(impl, case) for a benchmark's parameters; NotImplementedError (asv: skipped) if it
+    cannot run here."""
+    op = registry.operation(op_name)
+    impl = registry.implementation(op_name, impl_name)
+    case = next(c for c in op.cases if c.id == case_id)
+    reason = devices.case_unavailable_reason(impl, case)
+    if reason is None and direction == "bwd" and not (op.differentiable and impl.differentiable):
+        reason = "no backward"
+    if reason:
+        raise NotImplementedError(reason)
+    return impl, case
+
+
+def _cache_dir() -> pathlib.Path:
+    """Where this asv run keeps its measurements: per environment, commit and run.
+
+    asv starts every benchmark in a child of one process per run (its fork
+    server or itself), so the parent pid tells runs of the same commit apart.
+    """
+    root = os.environ.get("ASV_ENV_DIR") or tempfile.gettempdir()
+    commit = os.environ.get("ASV_COMMIT", "working-tree")[:12]
+    path = pathlib.Path(root) / "kernelperf-measurements" / f"{commit}-{os.getppid()}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def measurement(impl: registry.Implementation, case: registry.Case,
+                direction: str) -> timing.Measurement:
+    """One `timing.measure` per (implementation, case, direction) per asv run."""
+    path = _cache_dir() / f"{impl.id}-{case.id}-{direction}.json"
+    if path.exists():
+        return timing.Measurement.from_dict(json.loads(path.read_text()))
+    result = timing.measure(impl, case, direction=direction)
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(json.dumps(result.to_dict()))
+    os.replace(partial, path)
+    return result
+
+
+def _placement(impl, case, direction, seconds) -> model.Placement:
+    sheet, measured = ceilings.for_device(fingerprint.fingerprint())
+    chosen = measured or sheet
+    return model.place(registry.operation(impl.op).work(case, direction), seconds, chosen,
+                       case.dtype, devices=impl.requires.devices)
+
+
+class _OperationBenchmarks:
+    """Benchmarks of one operation; subclassed per operation below (asv skips "_" names)."""
+
+    op_name = ""
+    param_names = ["implementation", "case", "direction"]
+    timer = staticmethod(DeviceClock.read)
+    number = 1  # one device-time sample per asv sample
+    repeat = REPEAT
+    warmup_time = 0.0  # warm-up happens in setup, through the measurement core
+    rounds = 1
+    timeout = 1800
+
+    def setup(self, impl_name: str, case_id: str, direction: str) -> None:
+        self.impl, self.case = _resolve(self.op_name, impl_name, case_id, direction)
+        self.direction = direction
+        self._sampler = None
+
+    def _ensure_sampler(self):
+        if self._sampler is None:
+            timeable = timing.prepare(self.impl, self.case, direction=self.direction)
+            self._sampler, _ = timing.make_sampler(timeable, "cold", fingerprint.fingerprint())
+            self._sampler.take(timing.WARMUP_CALLS)
+        return self._sampler
+
+    def time_device(self, *params) -> None:
+        DeviceClock.advance(self._ensure_sampler().take(1)[0])
+
+    def _measured(self) -> timing.Measurement:
+        return measurement(self.impl, self.case, self.direction)
+
+    def track_tflops(self, *params) -> float:
+        work = registry.operation(self.op_name).work(self.case, self.direction)
+        return work.flops / self._measured().median_s / 1e12
+
+    track_tflops.unit = "TFLOP/s"
+
+    def track_gbps(self, *params) -> float:
+        work = registry.operation(self.op_name).work(self.case, self.direction)
+        return work.bytes / self._measured().median_s / 1e9
+
+    track_gbps.unit = "GB/s"
+
+    def track_roofline(self, *params) -> float:
+        return _placement(self.impl, self.case, self.direction, self._measured().median_s).fraction
+
+    track_roofline.unit = "fraction of roofline"
+
+    def track_speedup(self, *params) -> float:
+        """Best baseline's median time over ours, same case and direction (NaN for baselines)."""
+        if self.impl.baseline:
+            return float("nan")
+        times = []
+        for peer in registry.implementations(self.op_name):
+            if not peer.baseline:
+                continue
+            try:
+                _resolve(self.op_name, peer.name, self.case.id, self.direction)
+            except NotImplementedError:
+                continue
+            times.append(measurement(peer, self.case, self.direction).median_s)
+        if not times:
+            return float("nan")
+        return min(times) / self._measured().median_s
+
+    track_speedup.unit = "x best baseline"
+
+
+def _suite(op: registry.Operation) -> type | None:
+    cases = bench_cases(op)
+    impls = registry.implementations(op.name)
+    if not cases or not impls:
+        return None
+    name = "".join(part.title() for part in op.name.split("_"))
+    return type(name, (_OperationBenchmarks,), {
+        "op_name": op.name,
+        "params": [[i.name for i in impls], [c.id for c in cases], list(registry.DIRECTIONS)],
+        "__doc__": f"{op.description}: implementations x bench cases x directions.",
+    })
+
+
+for _op in registry.operations():
+    _cls = _suite(_op)
+    if _cls is not None:
+        globals()[_cls.__name__] = _cls
