@@ -3,8 +3,12 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 JOBS ?= auto
+# The project's venv where `make install` made one, else the machine's python3
+# (the GPU machine's python3 already has jax, torch and triton).
+PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+BASE ?= main
 
-.PHONY: install test lint pytest test-gpu list clean
+.PHONY: install test lint pytest test-gpu list bench bench-compare dashboard clean
 
 install: $(VENV)/.installed
 
@@ -29,8 +33,20 @@ pytest: install
 test-gpu:
 	$(PYTHON) -m pytest -m gpu -n 0
 
-list: install
-	$(BIN)/python -m kernels list
+list:
+	$(PY) -m kernels list
+
+# asv on HEAD; results go to .asv/results/<device model>/.
+bench:
+	$(PY) -m kernels bench
+
+# asv on $(BASE) and HEAD, then a verdict per row; exits 1 if HEAD is slower.
+bench-compare:
+	$(PY) -m kernels bench --base $(BASE)
+
+dashboard:
+	$(PY) -m asv publish
+	$(PY) -m asv preview
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build *.egg-info .asv
