@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 JOBS ?= auto
 
-.PHONY: install test lint pytest test-gpu list clean
+.PHONY: install test lint pytest test-gpu cuda list clean
 
 install: $(VENV)/.installed
 
@@ -28,6 +28,11 @@ pytest: install
 # On a GPU machine whose python3 already has jax[cuda], torch and triton.
 test-gpu:
 	$(PYTHON) -m pytest -m gpu -n 0
+
+# Compile every CUDA kernel (kernels/ops/*/*.cu) into the build cache: for the GPU present,
+# else for sm_90a. Needs only nvcc and Python's standard library (torch, if present, names the GPU).
+cuda:
+	$(PYTHON) -m kernels.cuda.build
 
 list: install
 	$(BIN)/python -m kernels list

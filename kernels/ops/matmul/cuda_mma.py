@@ -1,0 +1,73 @@
+"""bf16/f16 matmul in raw CUDA on tensor cores (gemm_mma.cu): mma.sync m16n8k16, f32 accumulation.
+
+128 x 128 tiles of C per block of 4 warps, each warp 64 x 64 through
+ldmatrix and mma.sync; a 4-stage cp.async pipeline over K in steps of 32
+with swizzled shared memory. Forward only. See kernels/cuda/runtime.py for
+the torch interop.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from kernels import frameworks, registry
+from kernels.cuda import runtime
+from kernels.ops.matmul import spec
+
+LIBRARY = runtime.CudaLibrary(Path(__file__).with_name("gemm_mma.cu"), {
+    "kernelperf_gemm_mma": (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                            ctypes.c_void_p),
+})
+
+DTYPES = (torch.bfloat16, torch.float16)
+# Elements per 16-byte cp.async chunk: the asynchronous-copy path needs K and N multiples of it.
+CHUNK = 8
+
+
+def supports(case: registry.Case) -> str | None:
+    if case.dtype not in ("bf16", "f16"):
+        return f"cuda_mma takes bf16/f16 (cuda_sgemm computes float32); got {case.dtype}"
+    return None
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b for bfloat16 or float16 CUDA tensors, by gemm_mma.cu (float32 accumulation).
+
+    Args:
+      a: (m, k) contiguous bfloat16/float16 CUDA tensor.
+      b: (k, n) contiguous CUDA tensor of a's dtype, on a's device.
+    Returns:
+      A new (m, n) tensor of a's dtype.
+    """
+    spec.validate(a, b)
+    if a.dtype not in DTYPES:
+        raise TypeError(f"a: cuda_mma expects bfloat16 or float16 (cuda_sgemm takes float32), "
+                        f"got {str(a.dtype).removeprefix('torch.')}")
+    runtime.check_tensor("a", a)
+    runtime.check_tensor("b", b, like=a)
+    (m, k), n = a.shape, b.shape[1]
+    if max(m, n, k) > runtime.INT32_MAX:
+        raise ValueError(f"a, b: expected dimensions below 2**31, got m={m}, n={n}, k={k}")
+    c = frameworks.torch_empty((m, n), a.dtype, a.device)
+    aligned = k % CHUNK == 0 and n % CHUNK == 0 and all(
+        t.data_ptr() % runtime.VECTOR_BYTES == 0 for t in (a, b, c))
+    LIBRARY.launch("kernelperf_gemm_mma", a.device, a.data_ptr(), b.data_ptr(), c.data_ptr(), m,
+                   n, k, runtime.dtype_code(a), int(aligned), runtime.current_stream(a))
+    return c
+
+
+registry.register_implementation(registry.Implementation(
+    op=spec.NAME,
+    name="cuda_mma",
+    fn=matmul,
+    framework="torch",
+    requires=registry.Requirements(gpu=True, min_compute_capability=(8, 0), modules=("torch",)),
+    differentiable=False,
+    supports=supports,
+    description="CUDA C++ via nvcc + ctypes: tensor-core GEMM, mma.sync m16n8k16 + ldmatrix, "
+                "4-stage cp.async",
+))
