@@ -264,8 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         how = f"compiled in {item.seconds:.1f} s" if item.compiled else "cached"
         name = item.source.relative_to(root) if item.source.is_relative_to(root) else item.source
         print(f"{name}: {how} -> {item.library}")
-    print(f"sm_{arch}: {len(built)} libraries, nvcc ran {nvcc_invocations()} times "
-          f"(cache {cache_dir()})")
+    compiled = sum(item.compiled for item in built)
+    print(f"sm_{arch}: {len(built)} libraries, nvcc ran {compiled} times (cache {cache_dir()})")
     return 0
 
 

@@ -52,25 +52,27 @@ def dtype_code(x: Any) -> int:
 
 
 def check_tensor(name: str, x: Any, *, like: Any = None) -> None:
-    """Raise unless `x` is a contiguous torch CUDA tensor without autograd history to keep.
+    """Raise unless `x` is a contiguous torch CUDA tensor that needs no gradient.
 
+    Checked in an order that works without a GPU (type, layout, autograd, then
+    device), so every check but the device's can be tested on CPU tensors.
     `like`: a tensor `x` must share a device with (the first argument, say).
     """
     import torch
 
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch tensor, got {type(x).__name__}")
-    if x.device.type != "cuda":
-        raise ValueError(f"{name}: expected a CUDA tensor, got device {x.device}")
-    if like is not None and x.device != like.device:
-        raise ValueError(f"{name}: expected a tensor on {like.device} like the first argument, "
-                         f"got {x.device}")
     if not x.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor, got shape {tuple(x.shape)} with "
                          f"strides {x.stride()}")
     if x.requires_grad and torch.is_grad_enabled():
         raise ValueError(f"{name}: requires grad, but this CUDA kernel is forward-only (no "
-                         f"backward); pass x.detach() or run under torch.no_grad()")
+                         f"backward); pass {name}.detach() or run under torch.no_grad()")
+    if x.device.type != "cuda":
+        raise ValueError(f"{name}: expected a CUDA tensor, got device {x.device}")
+    if like is not None and x.device != like.device:
+        raise ValueError(f"{name}: expected a tensor on {like.device} like the first argument, "
+                         f"got {x.device}")
 
 
 def aligned(*tensors: Any, bytes_per_row: int) -> bool:

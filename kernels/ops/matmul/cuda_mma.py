@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from kernels import frameworks, registry
+from kernels import dtypes, frameworks, registry
 from kernels.cuda import runtime
 from kernels.ops.matmul import spec
 
@@ -23,13 +23,13 @@ LIBRARY = runtime.CudaLibrary(Path(__file__).with_name("gemm_mma.cu"), {
                             ctypes.c_void_p),
 })
 
-DTYPES = (torch.bfloat16, torch.float16)
+DTYPES = ("bf16", "f16")
 # Elements per 16-byte cp.async chunk: the asynchronous-copy path needs K and N multiples of it.
 CHUNK = 8
 
 
 def supports(case: registry.Case) -> str | None:
-    if case.dtype not in ("bf16", "f16"):
+    if case.dtype not in DTYPES:
         return f"cuda_mma takes bf16/f16 (cuda_sgemm computes float32); got {case.dtype}"
     return None
 
@@ -44,9 +44,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
       A new (m, n) tensor of a's dtype.
     """
     spec.validate(a, b)
-    if a.dtype not in DTYPES:
+    if dtypes.short_name(a.dtype) not in DTYPES:
         raise TypeError(f"a: cuda_mma expects bfloat16 or float16 (cuda_sgemm takes float32), "
-                        f"got {str(a.dtype).removeprefix('torch.')}")
+                        f"got {dtypes.name_of(a.dtype)}")
     runtime.check_tensor("a", a)
     runtime.check_tensor("b", b, like=a)
     (m, k), n = a.shape, b.shape[1]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from kernels import frameworks, registry
+from kernels import dtypes, frameworks, registry
 from kernels.cuda import runtime
 from kernels.ops.matmul import spec
 
@@ -42,9 +42,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
       A new (m, n) float32 tensor.
     """
     spec.validate(a, b)
-    if a.dtype != torch.float32:
+    if dtypes.short_name(a.dtype) != "f32":
         raise TypeError(f"a: cuda_sgemm expects float32 (cuda_mma takes bf16/f16), got "
-                        f"{str(a.dtype).removeprefix('torch.')}")
+                        f"{dtypes.name_of(a.dtype)}")
     runtime.check_tensor("a", a)
     runtime.check_tensor("b", b, like=a)
     (m, k), n = a.shape, b.shape[1]
