@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -121,6 +123,8 @@ def test_configs_validate_their_fields():
     with pytest.raises(ValueError, match=r"vectors_per_thread: expected one of \(1, 2, 4, 8\), "
                                          "got 3"):
         row_sum_cuda.RowSumConfig(threads_per_row=32, vectors_per_thread=3)
+    with pytest.raises(ValueError, match=r"block_n: expected one of \(128, 256\), got 64"):
+        cuda_mma.MmaConfig(block_n=64)
 
 
 @pytest.mark.parametrize("width", [1, 4, 8])
@@ -148,6 +152,27 @@ def _check(op, case, inputs, out, name):
     expected = np.asarray(op.reference(*[np.asarray(x, np.float32) for x in inputs]))
     checking.compare(frameworks.torch_to_numpy(out), expected, tolerance=op.tolerance(case),
                      name=name)
+
+
+SMALL_CASES = [(impl_id, case) for impl_id in CALLS
+               for case in registry.operation(impl_id.split("-")[0]).cases_tagged("cpu")]
+
+
+@on_gpu
+@pytest.mark.parametrize("impl_id, case", SMALL_CASES,
+                         ids=[f"{impl_id}-{case.id}" for impl_id, case in SMALL_CASES])
+def test_small_registry_cases(impl_id, case):
+    """The registry's small ("cpu") cases through the harness, needing only torch's GPU.
+
+    test_kernels.py covers these too, but only where JAX sees the GPU; the
+    compute-sanitizer runs set JAX_PLATFORMS=cpu (references on the host) so that
+    only torch's kernels and ours touch the device, and rely on this test.
+    """
+    impl = registry.implementation(*impl_id.split("-", 1))
+    reason = impl.supports(case)
+    if reason:
+        pytest.skip(reason)
+    checking.check(impl, case, seed=0, distribution="normal")
 
 
 SOFTMAX_VERSIONS = [
@@ -226,11 +251,14 @@ MATMUL_SHAPES = [(200, 136, 72), (257, 130, 100), (1, 8, 16), (130, 1, 8), (300,
 @pytest.mark.parametrize("misaligned", [False, True], ids=["aligned", "misaligned"])
 @pytest.mark.parametrize("m, n, k", MATMUL_SHAPES, ids=["x".join(map(str, s))
                                                         for s in MATMUL_SHAPES])
-@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
-def test_matmul_paths(dtype, m, n, k, misaligned):
-    """Both load paths of each kernel: 16-byte (cp.async / float4) and element by element."""
+@pytest.mark.parametrize("dtype, config", [("f32", None)] + [
+    (dtype, config) for dtype in ("bf16", "f16") for config in cuda_mma.CONFIGS],
+    ids=["f32-sgemm"] + [f"{d}-mma{c.label}" for d in ("bf16", "f16") for c in cuda_mma.CONFIGS])
+def test_matmul_paths(dtype, config, m, n, k, misaligned):
+    """Both load paths of each kernel and tile: 16-byte (cp.async / float4) and element-wise."""
     op, case, (a, b) = _inputs("matmul", dtype, {"m": m, "n": n, "k": k})
-    kernel = cuda_sgemm.matmul if dtype == "f32" else cuda_mma.matmul
+    kernel = cuda_sgemm.matmul if dtype == "f32" else functools.partial(cuda_mma.matmul,
+                                                                        config=config)
     da, db = (frameworks.numpy_to_torch(v, "cuda") for v in (a, b))
     if misaligned:
         da, db = _offset_copy(da, 1), _offset_copy(db, 1)

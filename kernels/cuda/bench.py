@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import functools
 import os
+import sys
 from collections.abc import Callable, Sequence
 
 from kernels import environment
@@ -91,10 +92,13 @@ def bench_op(op_name: str, copy_rate: float) -> list[Row]:
         peer_ms = _bench(functools.partial(_peer(op_name), *args))
         work = op.work(case, "fwd")
         peer = "cuBLAS" if op_name == "matmul" else "torch"
-        for impl in ours:
-            if impl.supports(case):
-                continue
-            ms = _bench(functools.partial(impl.fn, *args))
+        # Kernels that declare CONFIGS (tile shapes to choose between) are timed in each.
+        variants = [(impl, config) for impl in ours if not impl.supports(case)
+                    for config in getattr(sys.modules[impl.fn.__module__], "CONFIGS", (None,))]
+        for impl, config in variants:
+            fn = functools.partial(impl.fn, *args, **({"config": config} if config else {}))
+            ms = _bench(fn)
+            label = f"{impl.id}[{config.label}]" if config else impl.id
             if op_name == "matmul":
                 ratio = peer_ms / ms
                 rate = f"{work.flops / ms / 1e9:.0f} TFLOP/s"
@@ -106,7 +110,7 @@ def bench_op(op_name: str, copy_rate: float) -> list[Row]:
                 versus = (f"{ratio:.2f}x copy; {peer} {work.bytes / peer_ms / 1e9:.2f} TB/s "
                           f"({peer_ms / ms:.2f}x)")
                 goal = GOALS[op_name]
-            rows.append(Row(impl.id, case.id, ms, rate, versus,
+            rows.append(Row(label, case.id, ms, rate, versus,
                             f"{'met' if ratio >= goal else 'MISSED'} (>= {goal}x)"))
         del args
         torch.cuda.empty_cache()

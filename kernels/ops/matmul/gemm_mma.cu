@@ -2,15 +2,16 @@
 // A: M x K, B: K x N, C: M x N, all row-major. Launched from kernels/ops/matmul/cuda_mma.py.
 //
 // Versions:
-//   kernelperf_gemm_mma_128x128x32<T, ALIGNED>  a block of 4 warps (2 x 2) computes a 128 x 128
-//       tile of C, each warp a 64 x 64 sub-tile as 4 x 8 tensor-core products
-//       mma.sync.m16n8k16 (sm_80+) per 16-wide k slice, accumulators in registers.
-//       Operands reach the warps through ldmatrix (.trans for B, which is k-major in memory
-//       while the instruction wants it n-major). Shared memory holds STAGES = 4 k-steps of
-//       32; each 16-byte chunk is stored at an XOR-swizzled position (A: chunk ^ (row / 2 % 4),
-//       B: chunk ^ (row % 8)) so the 8 rows an ldmatrix reads fall in 8 different bank groups.
-//       Blocks are ordered in groups of GROUP_M tile-rows so that neighbouring blocks share
-//       A and B tiles in L2 (as in Triton's matmul tutorial).
+//   kernelperf_gemm_mma<T, BM, BN, ALIGNED>  a block of (BM / 64) x (BN / 64) warps computes a
+//       BM x BN tile of C (instantiated: 128 x 128 with 4 warps, 128 x 256 with 8), each warp a
+//       64 x 64 sub-tile as 4 x 8 tensor-core products mma.sync.m16n8k16 (sm_80+) per 16-wide
+//       k slice, accumulators in registers. Operands reach the warps through ldmatrix (.trans
+//       for B, which is k-major in memory while the instruction wants it n-major). Shared
+//       memory holds STAGES = 4 k-steps of BK = 32; each 16-byte chunk is stored at an
+//       XOR-swizzled position (A: chunk ^ (row / 2 % 4), B: chunk ^ (row % 8)) so the 8 rows an
+//       ldmatrix reads fall in 8 different bank groups. Blocks are ordered in groups of GROUP_M
+//       tile-rows so that neighbouring blocks share A and B tiles in L2 (as in Triton's matmul
+//       tutorial).
 //       ALIGNED = true (K % 8 == 0, N % 8 == 0, 16-byte aligned A and B): global tiles arrive
 //       by cp.async (16 bytes, zero-filled past the matrix edge), STAGES - 1 k-steps ahead of
 //       the multiply, with one barrier per k-step. ALIGNED = false: the same pipeline filled by
@@ -21,35 +22,45 @@
 #include "common.cuh"
 
 namespace {
-constexpr int BM = 128;
-constexpr int BN = 128;
 constexpr int BK = 32;
-constexpr int WARPS_M = 2;
-constexpr int WARPS_N = 2;
-constexpr int THREADS = 32 * WARPS_M * WARPS_N;
-constexpr int WM = BM / WARPS_M;  // 64: a warp's tile
-constexpr int WN = BN / WARPS_N;  // 64
+constexpr int WM = 64;  // a warp's tile of C: WM x WN
+constexpr int WN = 64;
 constexpr int MMA_M = 16;
 constexpr int MMA_N = 8;
 constexpr int MMA_K = 16;
 constexpr int FRAG_M = WM / MMA_M;  // 4 products down
 constexpr int FRAG_N = WN / MMA_N;  // 8 products across
 constexpr int STAGES = 4;
-constexpr int CHUNK = 8;                        // elements in a 16-byte chunk
-constexpr int A_STAGE = BM * BK;                // elements
-constexpr int B_STAGE = BK * BN;
-constexpr int A_CHUNKS_PER_ROW = BK / CHUNK;    // 4
-constexpr int B_CHUNKS_PER_ROW = BN / CHUNK;    // 16
-constexpr int SMEM_BYTES = STAGES * (A_STAGE + B_STAGE) * 2;  // 64 KiB: above the 48 KiB default
+constexpr int CHUNK = 8;                      // elements in a 16-byte chunk
+constexpr int A_CHUNKS_PER_ROW = BK / CHUNK;  // 4
 constexpr int GROUP_M = 8;
+constexpr int REGISTERS_PER_SM = 65536;
+constexpr int REGISTERS_PER_THREAD = 255;  // what the accumulators and fragments need
 
-static_assert(BM * A_CHUNKS_PER_ROW % THREADS == 0, "A tile chunks split evenly over threads");
-static_assert(BK * B_CHUNKS_PER_ROW % THREADS == 0, "B tile chunks split evenly over threads");
+template <int BM_, int BN_>
+struct Tile {
+  static constexpr int BM = BM_;
+  static constexpr int BN = BN_;
+  static constexpr int WARPS_M = BM / WM;
+  static constexpr int WARPS_N = BN / WN;
+  static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
+  // Blocks per SM that the register file allows at REGISTERS_PER_THREAD (the launch bound).
+  static constexpr int MIN_BLOCKS = REGISTERS_PER_SM / (THREADS * (REGISTERS_PER_THREAD + 1));
+  static constexpr int A_STAGE = BM * BK;  // elements
+  static constexpr int B_STAGE = BK * BN;
+  static constexpr int B_CHUNKS_PER_ROW = BN / CHUNK;
+  static constexpr int SMEM_BYTES = STAGES * (A_STAGE + B_STAGE) * 2;  // above the 48 KiB default
+  static_assert(BM % WM == 0 && BN % WN == 0, "whole warp tiles");
+  static_assert(BM * A_CHUNKS_PER_ROW % THREADS == 0, "A tile chunks split evenly over threads");
+  static_assert(BK * B_CHUNKS_PER_ROW % THREADS == 0, "B tile chunks split evenly over threads");
+  static_assert(MIN_BLOCKS >= 1, "a block must fit the register file");
+};
 
 // Element offsets of 16-byte chunk `chunk` of row `row` in a stage (see the header: swizzles).
 __device__ __forceinline__ int a_offset(int row, int chunk) {
   return row * BK + ((chunk ^ ((row >> 1) & 3)) * CHUNK);
 }
+template <int BN>
 __device__ __forceinline__ int b_offset(int row, int chunk) {
   return row * BN + ((chunk ^ (row & 7)) * CHUNK);
 }
@@ -114,10 +125,16 @@ __device__ __forceinline__ void store_pair(T* c, float lo, float hi) {
 // ----------------------------------------------------------------------------------------------
 // Kernels
 
-template <typename T, bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 2)
-    kernelperf_gemm_mma_128x128x32(const T* __restrict__ A, const T* __restrict__ B,
-                                   T* __restrict__ C, int M, int N, int K) {
+template <typename T, int BM, int BN, bool ALIGNED>
+__global__ void __launch_bounds__(Tile<BM, BN>::THREADS, Tile<BM, BN>::MIN_BLOCKS)
+    kernelperf_gemm_mma(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C,
+                        int M, int N, int K) {
+  using Config = Tile<BM, BN>;
+  constexpr int THREADS = Config::THREADS;
+  constexpr int WARPS_N = Config::WARPS_N;
+  constexpr int A_STAGE = Config::A_STAGE;
+  constexpr int B_STAGE = Config::B_STAGE;
+  constexpr int B_CHUNKS_PER_ROW = Config::B_CHUNKS_PER_ROW;
   extern __shared__ __align__(128) unsigned char smem[];
   T* As = reinterpret_cast<T*>(smem);
   T* Bs = As + STAGES * A_STAGE;
@@ -171,7 +188,7 @@ __global__ void __launch_bounds__(THREADS, 2)
       const int c = id % B_CHUNKS_PER_ROW;
       const int k = k0 + r;
       const int col = block_n + c * CHUNK;
-      T* dst = b_dst + b_offset(r, c);
+      T* dst = b_dst + b_offset<BN>(r, c);
       if constexpr (ALIGNED) {
         const bool valid = k < K && col < N;  // N % 8 == 0
         cp_async_16(dst, valid ? B + static_cast<size_t>(k) * N + col : B, valid);
@@ -224,7 +241,7 @@ __global__ void __launch_bounds__(THREADS, 2)
         const int r = kk + lane % 16;
         const int c = (warp_n * WN + nj * 2 * MMA_N) / CHUNK + lane / 16;
         unsigned q[4];
-        ldmatrix_x4_trans(q, b_tile + b_offset(r, c));
+        ldmatrix_x4_trans(q, b_tile + b_offset<BN>(r, c));
         b_frag[2 * nj][0] = q[0];
         b_frag[2 * nj][1] = q[1];
         b_frag[2 * nj + 1][0] = q[2];
@@ -271,39 +288,50 @@ __global__ void __launch_bounds__(THREADS, 2)
 
 namespace {
 
-template <typename T, bool ALIGNED>
+template <typename T, int BM, int BN, bool ALIGNED>
 cudaError_t launch(const void* a, const void* b, void* c, int M, int N, int K,
                    cudaStream_t stream) {
-  auto kernel = kernelperf_gemm_mma_128x128x32<T, ALIGNED>;
-  cudaError_t status =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+  using Config = Tile<BM, BN>;
+  auto kernel = kernelperf_gemm_mma<T, BM, BN, ALIGNED>;
+  cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            Config::SMEM_BYTES);
   if (status != cudaSuccess) return status;
   const long long blocks = kp::ceil_div(M, BM) * kp::ceil_div(N, BN);
   if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
-  kernel<<<static_cast<unsigned>(blocks), THREADS, SMEM_BYTES, stream>>>(
+  kernel<<<static_cast<unsigned>(blocks), Config::THREADS, Config::SMEM_BYTES, stream>>>(
       static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(c), M, N, K);
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t launch_dtype(const void* a, const void* b, void* c, int M, int N, int K, bool aligned,
-                         cudaStream_t stream) {
+template <typename T, int BM, int BN>
+cudaError_t launch_aligned(const void* a, const void* b, void* c, int M, int N, int K,
+                           bool aligned, cudaStream_t stream) {
   if (aligned && (K % CHUNK != 0 || N % CHUNK != 0)) return cudaErrorInvalidValue;
-  return aligned ? launch<T, true>(a, b, c, M, N, K, stream)
-                 : launch<T, false>(a, b, c, M, N, K, stream);
+  return aligned ? launch<T, BM, BN, true>(a, b, c, M, N, K, stream)
+                 : launch<T, BM, BN, false>(a, b, c, M, N, K, stream);
+}
+
+template <typename T>
+cudaError_t launch_dtype(const void* a, const void* b, void* c, int M, int N, int K,
+                         int block_n, bool aligned, cudaStream_t stream) {
+  switch (block_n) {
+    case 128: return launch_aligned<T, 128, 128>(a, b, c, M, N, K, aligned, stream);
+    case 256: return launch_aligned<T, 128, 256>(a, b, c, M, N, K, aligned, stream);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace
 
-// C = A @ B, bf16 or f16 (KpDtype) row-major, float32 accumulation.
-// aligned: K % 8 == 0, N % 8 == 0, A and B 16-byte aligned (cp.async path).
+// C = A @ B, bf16 or f16 (KpDtype) row-major, float32 accumulation, 128 x block_n tiles
+// (block_n: 128 or 256). aligned: K % 8 == 0, N % 8 == 0, A and B 16-byte aligned (cp.async).
 KP_EXPORT int kernelperf_gemm_mma(const void* A, const void* B, void* C, int M, int N, int K,
-                                  int dtype, int aligned, void* stream) {
+                                  int dtype, int block_n, int aligned, void* stream) {
   if (M < 1 || N < 1 || K < 1) return cudaErrorInvalidValue;
   const auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
-    case KP_BF16: return launch_dtype<__nv_bfloat16>(A, B, C, M, N, K, aligned, s);
-    case KP_F16: return launch_dtype<__half>(A, B, C, M, N, K, aligned, s);
+    case KP_BF16: return launch_dtype<__nv_bfloat16>(A, B, C, M, N, K, block_n, aligned, s);
+    case KP_F16: return launch_dtype<__half>(A, B, C, M, N, K, block_n, aligned, s);
     default: return cudaErrorInvalidValue;
   }
 }
