@@ -187,6 +187,10 @@ SOFTMAX_VERSIONS = [
     ("f32", 20000, dict(threads_per_row=128, online=True)),
     ("bf16", 4104, dict(threads_per_row=64, online=True)),
     ("f16", 3001, dict(threads_per_row=256, online=True, vectorize=False)),
+    # Odd widths with vectors: every row has its own scalar head and tail.
+    ("f16", 37, dict(threads_per_row=32, rows_per_block=3, vectors_per_thread=1)),
+    ("bf16", 3001, dict(threads_per_row=512, vectors_per_thread=1)),
+    ("f32", 20001, dict(threads_per_row=256, online=True)),
 ]
 
 
@@ -213,6 +217,8 @@ def test_softmax_versions(dtype, cols, fields, leading_minus_inf):
 
 ROW_SUM_VERSIONS = [
     ("f32", 100, dict(threads_per_row=32, rows_per_block=8, vectors_per_thread=1)),
+    ("f32", 7, dict(threads_per_row=32, rows_per_block=4, vectors_per_thread=1)),
+    ("f16", 3001, dict(threads_per_row=256, vectors_per_thread=2)),
     ("bf16", 3000, dict(threads_per_row=32, rows_per_block=2, vectors_per_thread=4)),
     ("f16", 20000, dict(threads_per_row=128, vectors_per_thread=4)),
     ("f32", 3001, dict(threads_per_row=512, vectors_per_thread=8, vectorize=False)),
@@ -242,6 +248,22 @@ def _offset_copy(t: torch.Tensor, elements: int) -> torch.Tensor:
     view = storage[elements:].view(t.shape)
     view.copy_(t)
     return view
+
+
+@on_gpu
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("cols", [64, 1001])
+def test_bandwidth_kernels_take_misaligned_inputs(dtype, cols):
+    """x offset by one element: softmax falls back to scalar accesses (x and y differ modulo 16
+    bytes); row_sum keeps its vectors behind a per-row scalar head."""
+    for op_name, fn in (("softmax", softmax_cuda.softmax), ("row_sum", row_sum_cuda.row_sum)):
+        op, case, (x,) = _inputs(op_name, dtype, {"rows": 9, "cols": cols})
+        shifted = _offset_copy(frameworks.numpy_to_torch(x, "cuda"), 1)
+        assert shifted.data_ptr() % runtime.VECTOR_BYTES != 0
+        with frameworks.poisoned_outputs():
+            out = fn(shifted)
+        torch.cuda.synchronize()
+        _check(op, case, (x,), out, f"{op_name} misaligned {dtype} {cols}")
 
 
 MATMUL_SHAPES = [(200, 136, 72), (257, 130, 100), (1, 8, 16), (130, 1, 8), (300, 264, 1000)]

@@ -2,7 +2,7 @@
 // definitions below appear once in each library):
 //   - kernelperf_error_string: the message of a cudaError_t, for the Python side;
 //   - dtype codes, which must match kernels/cuda/runtime.py DTYPE_CODES;
-//   - float conversion, 16-byte vector loads/stores of f32/bf16/f16;
+//   - float conversion, 16-byte vector loads/stores of f32/bf16/f16, rows split for them;
 //   - warp and block reductions.
 #pragma once
 
@@ -68,6 +68,37 @@ __device__ __forceinline__ void store_floats(T* p, const float (&in)[W]) {
     memcpy(&raw, elements, sizeof(raw));
     *reinterpret_cast<uint4*>(p) = raw;
   }
+}
+
+// A row of n elements at p, split for 16-byte accesses: a scalar head up to the first 16-byte
+// boundary, `vectors` whole vectors of W elements, and a scalar tail from `tail` to n. With
+// W == 1 everything is "vectors". Rows of x and y split alike when their pointers are equal
+// modulo 16 (the launchers check).
+struct RowSplit {
+  int head;
+  int vectors;
+  int tail;
+};
+
+template <typename T, int W>
+__device__ __forceinline__ RowSplit split_row(const T* p, int n) {
+  if constexpr (W == 1) {
+    return {0, n, n};
+  } else {
+    const int misaligned = static_cast<int>(reinterpret_cast<uintptr_t>(p) & 15) / sizeof(T);
+    const int head = min((W - misaligned) % W, n);
+    const int vectors = (n - head) / W;
+    return {head, vectors, head + vectors * W};
+  }
+}
+
+// The element outside the vectors that thread t of a row's group (at least 2W threads) owns,
+// or -1: threads 0 .. head-1 take the head, threads W .. W + (n - tail) - 1 the tail.
+template <int W>
+__device__ __forceinline__ int split_extra(const RowSplit& split, int n, int t) {
+  if (t < split.head) return t;
+  const int j = t - W;
+  return j >= 0 && j < n - split.tail ? split.tail + j : -1;
 }
 
 struct MaxOp {

@@ -75,10 +75,10 @@ def check_tensor(name: str, x: Any, *, like: Any = None) -> None:
                          f"got {x.device}")
 
 
-def aligned(*tensors: Any, bytes_per_row: int) -> bool:
-    """Whether every tensor starts on a 16-byte boundary and rows of `bytes_per_row` keep it."""
-    return bytes_per_row % VECTOR_BYTES == 0 and all(
-        t.data_ptr() % VECTOR_BYTES == 0 for t in tensors)
+def equally_aligned(*tensors: Any) -> bool:
+    """Whether the tensors' data sit at one offset from a 16-byte boundary, so that rows of
+    theirs split alike into a scalar head, 16-byte vectors and a scalar tail."""
+    return len({t.data_ptr() % VECTOR_BYTES for t in tensors}) == 1
 
 
 def current_stream(x: Any) -> int:

@@ -1,7 +1,8 @@
 """Row sum in raw CUDA (row_sum.cu): a warp or a block per row, 16-byte loads, f32 accumulation.
 
 Short rows get a warp each (several warps per block), long rows a block each;
-every thread keeps several independent 16-byte loads in flight and the group
+every thread keeps several independent 16-byte loads in flight (rows of any
+width and alignment: a scalar head and tail around the vectors) and the group
 reduces through shuffles and shared memory. Forward only. See
 kernels/cuda/runtime.py for the torch interop.
 """
@@ -44,7 +45,8 @@ class RowSumConfig:
     threads_per_row: 32 (a warp per row) or a multiple of 32 up to 1024 (a block per row).
     rows_per_block: warps per block when threads_per_row is 32; else 1.
     vectors_per_thread: independent loads each thread issues per step: 1, 2, 4, 8.
-    vectorize: 16-byte loads where rows are 16-byte aligned (else one element each).
+    vectorize: 16-byte loads (each row split into a scalar head up to its first 16-byte
+        boundary, vectors and a scalar tail); else one element per load.
     """
 
     threads_per_row: int
@@ -106,17 +108,14 @@ def row_sum(x: torch.Tensor, *, config: RowSumConfig | None = None) -> torch.Ten
     if rows == 0:
         return y
     vector_width = runtime.VECTOR_BYTES // x.element_size()
-    vectorizable = runtime.aligned(x, bytes_per_row=cols * x.element_size())
-    if config is None:
-        config = default_config(cols, vector_width if vectorizable else 1)
-    vectorized = config.vectorize and vectorizable
-    width = vector_width if vectorized else 1
+    config = config or default_config(cols, vector_width)
+    width = vector_width if config.vectorize else 1
     if config.vectors_per_thread > max_vectors_per_thread(width):
         raise ValueError(f"config: at most {max_vectors_per_thread(width)} vectors per thread "
                          f"of {width} elements, got {config.vectors_per_thread}")
     LIBRARY.launch("kernelperf_row_sum", x.device, x.data_ptr(), y.data_ptr(), rows, cols,
                    runtime.dtype_code(x), config.threads_per_row, config.rows_per_block,
-                   config.vectors_per_thread, int(vectorized), runtime.current_stream(x))
+                   config.vectors_per_thread, int(config.vectorize), runtime.current_stream(x))
     return y
 
 

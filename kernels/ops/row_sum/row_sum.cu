@@ -5,9 +5,11 @@
 //   kernelperf_row_sum  a group of threads per row: a warp per row (blockDim = (32, rows per
 //                       block)) for short rows, a block per row (blockDim = (threads, 1)) for
 //                       long ones. Each thread sweeps the row issuing VECS independent loads
-//                       per step (W elements each: 16-byte vectors when rows are 16-byte
-//                       aligned, else single elements) into VECS float accumulators; the group
-//                       then reduces through warp shuffles and, across warps, shared memory.
+//                       per step (W elements each: 16-byte vectors, else single elements) into
+//                       VECS float accumulators; the group then reduces through warp shuffles
+//                       and, across warps, shared memory. With vectors, each row splits into a
+//                       scalar head up to its first 16-byte boundary, the vectors and a scalar
+//                       tail, whose elements threads 0..2W-1 add beside their vectors.
 // Bandwidth-bound: every element is read once, one value per row is written.
 
 #include "common.cuh"
@@ -24,16 +26,21 @@ __global__ void __launch_bounds__(1024)
   // and a warp-wide group reduces with shuffles alone.
   if (row >= rows) return;
   const T* in = x + row * cols;
-  const long long lane_stride = static_cast<long long>(blockDim.x) * W;
+  const int t = threadIdx.x;
+  const kp::RowSplit split = kp::split_row<T, W>(in, cols);
+  const int extra = kp::split_extra<W>(split, cols, t);
+  const T* body = in + split.head;
+  const int group = blockDim.x;
 
   float acc[VECS] = {};
-  for (long long base = threadIdx.x * W; base < cols; base += lane_stride * VECS) {
+  acc[0] = extra >= 0 ? kp::to_float(in[extra]) : 0.f;
+  for (int base = t; base < split.vectors; base += group * VECS) {
     float v[VECS][W];
 #pragma unroll
     for (int i = 0; i < VECS; ++i) {
-      const long long col = base + i * lane_stride;
-      if (col < cols) {
-        kp::load_floats<T, W>(in + col, v[i]);
+      const int vector = base + i * group;
+      if (vector < split.vectors) {
+        kp::load_floats<T, W>(body + static_cast<long long>(vector) * W, v[i]);
       } else {
 #pragma unroll
         for (int j = 0; j < W; ++j) v[i][j] = 0.f;
@@ -49,7 +56,7 @@ __global__ void __launch_bounds__(1024)
 #pragma unroll
   for (int i = 0; i < VECS; ++i) total += acc[i];
   total = kp::group_reduce(total, kp::SumOp{}, 0.f, scratch);
-  if (threadIdx.x == 0) y[row] = kp::from_float<T>(total);
+  if (t == 0) y[row] = kp::from_float<T>(total);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -86,7 +93,6 @@ template <typename T>
 cudaError_t launch(const void* x, void* y, long long rows, int cols, dim3 block, int vecs,
                    bool vectorized, cudaStream_t stream) {
   constexpr int V = kp::kVec16<T>;
-  if (vectorized && cols % V != 0) return cudaErrorInvalidValue;
   const T* in = static_cast<const T*>(x);
   T* out = static_cast<T*>(y);
   return vectorized ? launch_width<T, V>(in, out, rows, cols, block, vecs, stream)

@@ -2,9 +2,11 @@
 
 Short rows get a warp each (several warps per block), long rows a block each;
 either way every thread issues all its 16-byte loads before using them, the
-row stays in registers, and x is read once and y written once. Rows too long
-for registers take a two-pass online version. Arithmetic is float32 for every
-dtype. Forward only. See kernels/cuda/runtime.py for the torch interop.
+row stays in registers, and x is read once and y written once. Rows of any
+width take 16-byte accesses: each splits into a scalar head up to its first
+16-byte boundary, vectors, and a scalar tail. Rows too long for registers take
+a two-pass online version. Arithmetic is float32 for every dtype. Forward
+only. See kernels/cuda/runtime.py for the torch interop.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ class SoftmaxConfig:
     rows_per_block: warps per block when threads_per_row is 32; else 1.
     vectors_per_thread: accesses each thread holds in registers (cached version): 1, 2, 4, 8.
     online: the two-pass version (rows too long for registers); vectors_per_thread unused.
-    vectorize: 16-byte accesses where rows are 16-byte aligned (else one element each).
+    vectorize: 16-byte accesses (each row split into a scalar head, vectors and a scalar
+        tail), where x and y are equally aligned; else one element per access.
     """
 
     threads_per_row: int
@@ -120,7 +123,7 @@ def softmax(x: torch.Tensor, *, config: SoftmaxConfig | None = None) -> torch.Te
     if rows == 0:
         return y
     vector_width = runtime.VECTOR_BYTES // x.element_size()
-    vectorizable = runtime.aligned(x, y, bytes_per_row=cols * x.element_size())
+    vectorizable = runtime.equally_aligned(x, y)
     if config is None:
         config = default_config(cols, vector_width if vectorizable else 1)
     vectorized = config.vectorize and vectorizable

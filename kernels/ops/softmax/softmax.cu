@@ -12,8 +12,10 @@
 //                              keeps a running max and a sum rescaled whenever the max grows
 //                              (Milakov & Gimelshein 2018, "Online normalizer calculation for
 //                              softmax"), a second pass re-reads x (mostly from L2) and writes.
-// Both take W elements per access: W = 16 / sizeof(T) (16-byte vectors) when every row starts
-// 16-byte aligned (cols * sizeof(T) % 16 == 0 and aligned pointers), else W = 1.
+// Both take W elements per access: W = 16 / sizeof(T) (16-byte vectors) when x and y are equally
+// aligned modulo 16 bytes, else W = 1. With vectors, each row splits into a scalar head up to its
+// first 16-byte boundary, the vectors, and a scalar tail; threads 0..W-1 and W..2W-1 of the
+// row's group take the head and tail elements (at most one each) beside their vectors.
 
 #include "common.cuh"
 
@@ -32,24 +34,29 @@ __global__ void __launch_bounds__(1024)
   const T* in = x + row * cols;
   T* out = y + row * cols;
   const int group = blockDim.x;
+  const int t = threadIdx.x;
+  const kp::RowSplit split = kp::split_row<T, W>(in, cols);
+  const int extra = kp::split_extra<W>(split, cols, t);
 
   float v[VECS][W];
-  float row_max = -INFINITY;
+  float e = extra >= 0 ? kp::to_float(in[extra]) : -INFINITY;  // exp() of padding is 0
+  float row_max = e;
 #pragma unroll
   for (int i = 0; i < VECS; ++i) {
-    const int col = (i * group + static_cast<int>(threadIdx.x)) * W;
-    if (col < cols) {
-      kp::load_floats<T, W>(in + col, v[i]);
+    const int vector = i * group + t;
+    if (vector < split.vectors) {
+      kp::load_floats<T, W>(in + split.head + vector * W, v[i]);
     } else {
 #pragma unroll
-      for (int j = 0; j < W; ++j) v[i][j] = -INFINITY;  // exp() of padding is 0
+      for (int j = 0; j < W; ++j) v[i][j] = -INFINITY;
     }
 #pragma unroll
     for (int j = 0; j < W; ++j) row_max = fmaxf(row_max, v[i][j]);
   }
   row_max = kp::group_reduce(row_max, kp::MaxOp{}, -INFINITY, scratch);
 
-  float sum = 0.f;
+  e = expf(e - row_max);
+  float sum = e;
 #pragma unroll
   for (int i = 0; i < VECS; ++i) {
 #pragma unroll
@@ -60,13 +67,14 @@ __global__ void __launch_bounds__(1024)
   }
   const float inv_sum = 1.f / kp::group_reduce(sum, kp::SumOp{}, 0.f, scratch);
 
+  if (extra >= 0) out[extra] = kp::from_float<T>(e * inv_sum);
 #pragma unroll
   for (int i = 0; i < VECS; ++i) {
-    const int col = (i * group + static_cast<int>(threadIdx.x)) * W;
-    if (col < cols) {
+    const int vector = i * group + t;
+    if (vector < split.vectors) {
 #pragma unroll
       for (int j = 0; j < W; ++j) v[i][j] *= inv_sum;
-      kp::store_floats<T, W>(out + col, v[i]);
+      kp::store_floats<T, W>(out + split.head + vector * W, v[i]);
     }
   }
 }
@@ -78,13 +86,18 @@ __global__ void __launch_bounds__(1024)
   const long long row = blockIdx.x;
   const T* in = x + row * cols;
   T* out = y + row * cols;
-  const long long stride = static_cast<long long>(blockDim.x) * W;
+  const int t = threadIdx.x;
+  const kp::RowSplit split = kp::split_row<T, W>(in, cols);
+  const int extra = kp::split_extra<W>(split, cols, t);
+  const T* body = in + split.head;
 
-  float m = -INFINITY;  // running max of this thread's elements
-  float s = 0.f;        // sum of exp(element - m) over them
-  for (long long col = threadIdx.x * W; col < cols; col += stride) {
+  // Running max m of this thread's elements and sum s of exp(element - m), rescaled whenever
+  // m grows; the head/tail element (if any) starts them.
+  float m = extra >= 0 ? kp::to_float(in[extra]) : -INFINITY;
+  float s = m == -INFINITY ? 0.f : 1.f;
+  for (int vector = t; vector < split.vectors; vector += blockDim.x) {
     float v[W];
-    kp::load_floats<T, W>(in + col, v);
+    kp::load_floats<T, W>(body + static_cast<long long>(vector) * W, v);
     float m_new = m;
 #pragma unroll
     for (int j = 0; j < W; ++j) m_new = fmaxf(m_new, v[j]);
@@ -99,12 +112,16 @@ __global__ void __launch_bounds__(1024)
   s = m == -INFINITY ? 0.f : s * expf(m - row_max);
   const float inv_sum = 1.f / kp::group_reduce(s, kp::SumOp{}, 0.f, scratch);
 
-  for (long long col = threadIdx.x * W; col < cols; col += stride) {
+  if (extra >= 0) {
+    out[extra] = kp::from_float<T>(expf(kp::to_float(in[extra]) - row_max) * inv_sum);
+  }
+  T* out_body = out + split.head;
+  for (int vector = t; vector < split.vectors; vector += blockDim.x) {
     float v[W];
-    kp::load_floats<T, W>(in + col, v);
+    kp::load_floats<T, W>(body + static_cast<long long>(vector) * W, v);
 #pragma unroll
     for (int j = 0; j < W; ++j) v[j] = expf(v[j] - row_max) * inv_sum;
-    kp::store_floats<T, W>(out + col, v);
+    kp::store_floats<T, W>(out_body + static_cast<long long>(vector) * W, v);
   }
 }
 
@@ -145,7 +162,6 @@ cudaError_t launch(const void* x_ptr, void* y_ptr, long long rows, int cols, int
   const T* x = static_cast<const T*>(x_ptr);
   T* y = static_cast<T*>(y_ptr);
   constexpr int V = kp::kVec16<T>;
-  if (vectorized && cols % V != 0) return cudaErrorInvalidValue;
   const long long width = vectorized ? V : 1;
   if (online) {
     if (rows_per_block != 1 || rows > 0x7fffffffLL) return cudaErrorInvalidValue;
@@ -171,7 +187,8 @@ cudaError_t launch(const void* x_ptr, void* y_ptr, long long rows, int cols, int
 // y = softmax(x) over the last axis; x, y: rows x cols, contiguous, dtype (KpDtype).
 // threads: per row (32: a warp per row; up to 1024: a block per row), rows_per_block: warps
 // per block when threads == 32 (else 1), vecs: accesses per thread holding the row (cached
-// version), vectorized: 16-byte accesses, online: the two-pass version for long rows.
+// version), vectorized: 16-byte accesses (x and y equally aligned modulo 16 bytes), online:
+// the two-pass version for long rows.
 KP_EXPORT int kernelperf_softmax(const void* x, void* y, long long rows, int cols, int dtype,
                                  int threads, int rows_per_block, int vecs, int vectorized,
                                  int online, void* stream) {
