@@ -8,7 +8,7 @@ JOBS ?= auto
 PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 BASE ?= main
 
-.PHONY: install test lint pytest test-gpu list bench bench-compare dashboard clean
+.PHONY: install test lint pytest test-gpu cuda list bench bench-compare dashboard clean
 
 install: $(VENV)/.installed
 
@@ -47,6 +47,11 @@ bench-compare:
 dashboard:
 	$(PY) -m asv publish
 	$(PY) -m asv preview
+
+# Compile every CUDA kernel (kernels/ops/*/*.cu) into the build cache: for the GPU present,
+# else for sm_90a. Needs only nvcc and Python's standard library (torch, if present, names the GPU).
+cuda:
+	$(PYTHON) -m kernels.cuda.build
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info .asv

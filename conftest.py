@@ -39,7 +39,7 @@ def _marks(impl: registry.Implementation, reason: str | None, machine: devices.M
         marks.append(pytest.mark.gpu)
     if impl.requires.devices > 1:
         marks.append(pytest.mark.multi_gpu)
-    if impl.name == "cuda":
+    if impl.name == "cuda" or impl.name.startswith("cuda_"):
         marks.append(pytest.mark.cuda)
     if reason:
         marks.append(pytest.mark.skip(reason=reason))
@@ -53,10 +53,12 @@ def kernel_params() -> list:
         for impl in registry.implementations(op.name):
             for case in op.cases:
                 reason = devices.case_unavailable_reason(impl, case, machine)
+                marks = _marks(impl, reason, machine)
+                if "cpu" in case.tags:
+                    marks.append(pytest.mark.small)
                 for distribution in op.distributions:
                     item = KernelItem(impl, case, distribution)
-                    params.append(pytest.param(item, id=item.id,
-                                               marks=_marks(impl, reason, machine)))
+                    params.append(pytest.param(item, id=item.id, marks=marks))
     return params
 
 

@@ -112,7 +112,8 @@ def numpy_to_torch(array: np.ndarray, device: str) -> Any:
         # torch.from_numpy does not know ml_dtypes' bfloat16: move the bits.
         tensor = torch.from_numpy(array.view(np.uint16).copy()).view(torch.bfloat16)
     else:
-        tensor = torch.from_numpy(np.ascontiguousarray(array).copy())
+        # np.array, not np.ascontiguousarray: the latter turns a 0-d array into shape (1,).
+        tensor = torch.from_numpy(np.array(array, order="C", copy=True))
     return tensor.to(device)
 
 

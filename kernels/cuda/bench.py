@@ -1,0 +1,151 @@
+"""Time the CUDA kernels beside their torch/cuBLAS peers on this GPU, against the goals.
+
+`python -m kernels.cuda.bench [--ops softmax row_sum matmul]`. Every number
+comes from `triton.testing.do_bench` (L2 flushed before each call, median of
+the repeats), work from the operation's own model (`Operation.work`), cases
+from its "gpu" set. Goals (issue 7), all relative to peers measured in the
+same run: softmax and row_sum at >= 0.9x the device-to-device copy bandwidth
+(bytes read + written, 1 GiB copy); the tensor-core GEMM at >= 0.7x cuBLAS
+(torch.matmul) in its dtype; the SGEMM at >= 0.6x cuBLAS float32 with TF32
+off. A stopgap until the suite's timing command covers torch-framework
+kernels; it times only torch-callable code (JAX runs on its own stream).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from kernels import environment
+
+COPY_BYTES = 1 << 30
+GOALS = {"softmax": 0.9, "row_sum": 0.9, "cuda_mma": 0.7, "cuda_sgemm": 0.6}
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    impl: str
+    case: str
+    ms: float
+    rate: str
+    versus: str
+    goal: str
+
+
+def _bench(fn: Callable[[], object]) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy, bytes read + written per second."""
+    import torch
+
+    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * COPY_BYTES / (_bench(lambda: dst.copy_(src)) * 1e-3)
+
+
+def _inputs(op_name: str, case):
+    """Normal inputs made on the device (the harness's numpy path is slow at these sizes)."""
+    import torch
+
+    from kernels.ops.matmul import spec as matmul_spec
+
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[case.dtype]
+    if op_name == matmul_spec.NAME:
+        m, n, k = case["m"], case["n"], case["k"]
+        return (torch.randn(m, k, device="cuda") / k ** 0.5).to(dtype), \
+            torch.randn(k, n, device="cuda").to(dtype)
+    x = torch.randn(case["rows"], case["cols"], device="cuda")
+    if case.variant == "masked":  # as the operation makes them: ~30% -inf
+        x.masked_fill_(torch.rand_like(x) < 0.3, float("-inf"))
+    return (x.to(dtype),)
+
+
+def _peer(op_name: str) -> Callable[..., object]:
+    import torch
+
+    return {
+        "softmax": lambda x: torch.softmax(x, dim=-1),
+        "row_sum": lambda x: torch.sum(x, dim=-1),
+        "matmul": torch.matmul,
+    }[op_name]
+
+
+def bench_op(op_name: str, copy_rate: float) -> list[Row]:
+    import torch
+
+    from kernels import registry
+
+    op = registry.operation(op_name)
+    ours = [impl for impl in registry.implementations(op_name)
+            if impl.name == "cuda" or impl.name.startswith("cuda_")]
+    rows = []
+    for case in op.cases_tagged("gpu"):
+        args = _inputs(op_name, case)
+        peer_ms = _bench(functools.partial(_peer(op_name), *args))
+        work = op.work(case, "fwd")
+        peer = "cuBLAS" if op_name == "matmul" else "torch"
+        # Kernels that declare CONFIGS (tile shapes to choose between) are timed in each.
+        variants = [(impl, config) for impl in ours if not impl.supports(case)
+                    for config in getattr(sys.modules[impl.fn.__module__], "CONFIGS", (None,))]
+        for impl, config in variants:
+            fn = functools.partial(impl.fn, *args, **({"config": config} if config else {}))
+            ms = _bench(fn)
+            label = f"{impl.id}[{config.label}]" if config else impl.id
+            if op_name == "matmul":
+                ratio = peer_ms / ms
+                rate = f"{work.flops / ms / 1e9:.0f} TFLOP/s"
+                versus = f"{ratio:.2f}x {peer} ({work.flops / peer_ms / 1e9:.0f} TFLOP/s)"
+                goal = GOALS[impl.name]
+            else:
+                ratio = work.bytes / (ms * 1e-3) / copy_rate
+                rate = f"{work.bytes / ms / 1e9:.2f} TB/s"
+                versus = (f"{ratio:.2f}x copy; {peer} {work.bytes / peer_ms / 1e9:.2f} TB/s "
+                          f"({peer_ms / ms:.2f}x)")
+                goal = GOALS[op_name]
+            rows.append(Row(label, case.id, ms, rate, versus,
+                            f"{'met' if ratio >= goal else 'MISSED'} (>= {goal}x)"))
+        del args
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    environment.configure()
+    # The registry imports JAX; should anything start its GPU client, keep it from taking 75% of
+    # the memory the torch-side kernels are timed in.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    parser = argparse.ArgumentParser(prog="python -m kernels.cuda.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ops", nargs="+", default=["softmax", "row_sum", "matmul"])
+    args = parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU; torch sees none")
+        return 1
+    torch.backends.cuda.matmul.allow_tf32 = False  # cuBLAS float32 peer: full FP32 FFMA
+    torch.backends.cudnn.allow_tf32 = False
+    copy_rate = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; device copy "
+          f"{copy_rate / 1e12:.2f} TB/s (read + write, {COPY_BYTES >> 20} MiB)", flush=True)
+    table = [("implementation", "case", "ms", "rate", "versus peer", "goal")]
+    for op_name in args.ops:
+        rows = bench_op(op_name, copy_rate)
+        print(f"  timed {op_name}: {len(rows)} kernels x cases", flush=True)
+        table += [(r.impl, r.case, f"{r.ms:.3f}", r.rate, r.versus, r.goal) for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

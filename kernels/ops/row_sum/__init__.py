@@ -1,0 +1,1 @@
+"""Sum over the last axis (a bandwidth-bound row reduction)."""

@@ -1,0 +1,17 @@
+"""Baseline: torch.sum over the last axis, accumulating in float32 (PyTorch's CUDA reduction)."""
+
+import torch
+
+from kernels import registry
+from kernels.ops.row_sum import spec
+
+
+def row_sum(x: torch.Tensor) -> torch.Tensor:
+    return torch.sum(x, dim=-1, dtype=torch.float32).to(x.dtype)
+
+
+registry.register_implementation(registry.Implementation(
+    op=spec.NAME, name="torch", fn=row_sum, framework="torch", baseline=True,
+    requires=registry.Requirements(modules=("torch",)),
+    description="torch.sum(dim=-1, dtype=float32)",
+))
