@@ -35,3 +35,15 @@ def pallas_triton():
     from jax.experimental.pallas import triton as pallas_triton_module
 
     return pallas_triton_module
+
+
+def cupti_measure():
+    """`jax.experimental.mosaic.gpu.profiler.measure` (CUPTI kernel timings), or None where the
+    Mosaic GPU extension that provides CUPTI is not available."""
+    try:
+        from jax.experimental.mosaic.gpu import profiler
+    except ImportError:
+        return None
+    if getattr(profiler, "mosaic_gpu_lib", None) is None:
+        return None
+    return profiler.measure
