@@ -32,9 +32,8 @@ from kernels import environment
 
 environment.configure()
 
-from kernels.roofline import ceilings, model  # noqa: E402
-
 from kernels import devices, fingerprint, registry, timing  # noqa: E402
+from kernels.roofline import ceilings, model  # noqa: E402
 
 BENCH_TAG = "bench"
 # Device-time samples per asv round: at least, at most, and the wall-time cap (s).
