@@ -201,7 +201,7 @@ def cmd_time(args: argparse.Namespace) -> int:
     for index, row in enumerate(rows):
         if row.measurement is None:
             lines.append([row.impl.id, row.case.id, row.direction, "-", "-", "-", "-", "-", "-",
-                          "-", "-", "-", f"skipped: {row.skipped}"])
+                          "-", "-", "-", "-", f"skipped: {row.skipped}"])
             continue
         m = row.measurement
         work = registry.operation(op.name).work(row.case, row.direction)
@@ -210,12 +210,12 @@ def cmd_time(args: argparse.Namespace) -> int:
         speedup = f"{speedups[index]:.2f}x" if index in speedups else \
             ("baseline" if row.impl.baseline else "-")
         lines.append([row.impl.id, row.case.id, row.direction, _format_time(m.median_s),
-                      f"{100 * m.cv:.2f}%", str(m.repeats), m.method, m.stop_reason,
+                      f"{100 * m.cv:.2f}%", str(m.repeats), m.method, m.regime, m.stop_reason,
                       str(m.throttled_count), f"{work.flops / m.median_s / 1e12:.3f}",
                       f"{work.bytes / m.median_s / 1e9:.1f}", report.fraction_text(placement),
                       speedup])
-    print(table(lines, ["implementation", "case", "dir", "median", "CV", "n", "method", "stop",
-                        "throttled", "TFLOP/s", "GB/s", "roofline", "vs best baseline"]))
+    print(table(lines, ["implementation", "case", "dir", "median", "CV", "n", "method", "regime",
+                        "stop", "throttled", "TFLOP/s", "GB/s", "roofline", "vs best baseline"]))
     return 1 if any(row.skipped and row.skipped.startswith("ERROR") for row in rows) else 0
 
 

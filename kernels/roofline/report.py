@@ -72,17 +72,22 @@ def write_data(points: list[dict[str, Any]], device, sheet, measured,
     return path
 
 
-def _roof(axes, ceiling: ceilings.Ceiling, dtypes: Iterable[str], x_range, style: str,
-          colors: dict[str, str]) -> None:
+def _roofs(axes, ceiling: ceilings.Ceiling, dtypes: Iterable[str], x_range, scale: float,
+           unit: str) -> None:
+    """Draw `ceiling`'s roofs, one per distinct compute peak among `dtypes`."""
     import numpy as np
 
-    x = np.geomspace(*x_range, 200)
+    by_peak: dict[float, list[str]] = {}
     for dtype in dtypes:
-        peak = ceiling.peak(dtype)
-        axes.plot(x, np.minimum(peak, x * ceiling.bandwidth) / 1e12, style, color=colors[dtype],
-                  linewidth=1.2,
-                  label=f"{ceiling.kind} {dtype}: {peak / 1e12:.0f} TFLOP/s, "
-                        f"{ceiling.bandwidth / 1e9:.0f} GB/s")
+        by_peak.setdefault(ceiling.peak(dtype), []).append(dtype)
+    x = np.geomspace(*x_range, 200)
+    style = "--" if ceiling.kind == "datasheet" else "-"
+    for index, (peak, names) in enumerate(sorted(by_peak.items())):
+        axes.plot(x, np.minimum(peak, x * ceiling.bandwidth) / scale, style,
+                  color=f"C{index}" if ceiling.kind == "measured" else f"C{index + 5}",
+                  linewidth=1.3,
+                  label=f"{ceiling.kind} {'/'.join(names)}: {peak / scale:.3g} {unit}, "
+                        f"{ceiling.bandwidth / 1e9:.3g} GB/s")
 
 
 def plot(data: dict[str, Any], direction: str, path: pathlib.Path) -> pathlib.Path | None:
@@ -91,6 +96,7 @@ def plot(data: dict[str, Any], direction: str, path: pathlib.Path) -> pathlib.Pa
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     points = [p for p in data["points"] if p["direction"] == direction and p["flops"] > 0]
     if not points:
@@ -98,38 +104,59 @@ def plot(data: dict[str, Any], direction: str, path: pathlib.Path) -> pathlib.Pa
     roofs = [ceilings.Ceiling.from_dict(c) for c in (data["ceilings"]["datasheet"],
                                                      data["ceilings"]["measured"]) if c]
     dtypes = sorted({p["dtype"] for p in points})
-    colors = {d: f"C{i}" for i, d in enumerate(dtypes)}
     intensities = [p["flops"] / p["bytes"] for p in points]
     ridges = [c.peak(d) / c.bandwidth for c in roofs for d in dtypes]
     x_range = (min(intensities + ridges) / 4, max(intensities + ridges) * 4)
+    top = max([c.peak(d) for c in roofs for d in dtypes] +
+              [p["flops"] / p["median_s"] for p in points])
+    scale, unit = (1e12, "TFLOP/s") if top >= 1e12 else (1e9, "GFLOP/s")
 
-    figure, axes = plt.subplots(figsize=(11, 7))
+    figure, axes = plt.subplots(figsize=(12, 7.5))
     for ceiling in roofs:
-        _roof(axes, ceiling, dtypes, x_range, "--" if ceiling.kind == "datasheet" else "-",
-              colors)
+        _roofs(axes, ceiling, dtypes, x_range, scale, unit)
     markers = "os^vD<>pP*Xh"
     impls = sorted({(p["op"], p["impl"]) for p in points})
-    for p, x in zip(points, intensities, strict=True):
-        index = impls.index((p["op"], p["impl"]))
-        y = p["flops"] / p["median_s"] / 1e12
-        axes.scatter([x], [y], marker=markers[index % len(markers)], color=colors[p["dtype"]],
-                     edgecolor="black", zorder=3, s=45)
-        flag = " (!>roof)" if any(pl["suspicious"] for pl in p["placement"].values()) else ""
-        fraction = p["placement"].get("measured", p["placement"].get("datasheet", {}))
+    dtype_colors = {d: f"C{i}" for i, d in enumerate(dtypes)}
+    # Points at one intensity are labelled alternately right and left of their marker.
+    order = sorted(range(len(points)), key=lambda i: (intensities[i],
+                                                      points[i]["flops"] / points[i]["median_s"]))
+    side = {}
+    for rank, i in enumerate(order):
+        same_x = [j for j in order[:rank] if intensities[j] == intensities[i]]
+        side[i] = len(same_x) % 2
+    for i, (p, x) in enumerate(zip(points, intensities, strict=True)):
+        y = p["flops"] / p["median_s"] / scale
+        marker = markers[impls.index((p["op"], p["impl"])) % len(markers)]
+        axes.scatter([x], [y], marker=marker, color=dtype_colors[p["dtype"]], edgecolor="black",
+                     zorder=3, s=50)
+        placement = p["placement"].get("measured") or p["placement"].get("datasheet")
         label = f"{p['impl']} {p['case']}"
-        if fraction:
-            label += f" {100 * fraction['fraction']:.0f}%{flag}"
-        axes.annotate(label, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7)
+        if placement:
+            label += f" {100 * placement['fraction']:.0f}%"
+            if placement["suspicious"]:
+                label += " (>roof: work model?)"
+        axes.annotate(label, (x, y), textcoords="offset points",
+                      xytext=(7, -3) if side[i] == 0 else (-7, -3),
+                      ha="left" if side[i] == 0 else "right", fontsize=7.5)
     axes.set_xscale("log")
     axes.set_yscale("log")
     axes.set_xlim(*x_range)
     axes.set_xlabel("arithmetic intensity (FLOP/byte)")
-    axes.set_ylabel("TFLOP/s")
+    axes.set_ylabel(unit)
     ops = ", ".join(sorted({p["op"] for p in points}))
-    axes.set_title(f"{ops} {direction} on {data['fingerprint']['name']} "
-                   f"({data['timestamp']}); % of measured roof")
+    axes.set_title(f"{ops} {direction} on {data['fingerprint']['name']} ({data['timestamp']})\n"
+                   f"points: % of the measured roof (datasheet where none); "
+                   f"solid: measured roofs, dashed: datasheet", fontsize=10)
     axes.grid(True, which="both", alpha=0.25)
-    axes.legend(fontsize=7, loc="lower right")
+    roof_legend = axes.legend(fontsize=7.5, loc="upper left")
+    axes.add_artist(roof_legend)
+    handles = [Line2D([], [], linestyle="", marker=markers[k % len(markers)], color="gray",
+                      markeredgecolor="black", label=f"{op}-{impl}")
+               for k, (op, impl) in enumerate(impls)]
+    handles += [Line2D([], [], linestyle="", marker="s", color=dtype_colors[d], label=d)
+                for d in dtypes]
+    axes.legend(handles=handles, fontsize=7.5, loc="lower right", title="implementation / dtype",
+                title_fontsize=7.5)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=130)
