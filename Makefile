@@ -8,7 +8,8 @@ JOBS ?= auto
 PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 BASE ?= main
 
-.PHONY: install test lint pytest test-gpu cuda list bench bench-compare dashboard clean
+.PHONY: install test lint pytest test-gpu cuda list bench bench-compare dashboard clean \
+	roofline plot-roofline verify-timing ceilings
 
 install: $(VENV)/.installed
 
@@ -52,6 +53,28 @@ dashboard:
 # else for sm_90a. Needs only nvcc and Python's standard library (torch, if present, names the GPU).
 cuda:
 	$(PYTHON) -m kernels.cuda.build
+
+# Time an operation and draw its roofline: traces/roofline_data_{MODEL}_{time}.json and
+# traces/roofline_{fwd,bwd}_{MODEL}_{time}.png. Cases: the operation's own (tags=gpu/cpu), or
+# built from dims="rows=4096 cols=1024,4096" or the attention flags, e.g.
+#   make roofline op=attention batch=4 heads=8 head-dim=64 seq-lengths=128,256,512,1024,2048,4096
+op ?= softmax
+roofline:
+	$(PY) -m kernels roofline $(op) $(if $(impl),--impl $(impl)) $(if $(tags),--tags $(tags)) \
+		$(if $(dtype),--dtype $(dtype)) $(if $(dims),--dims $(dims)) \
+		$(if $(batch),--batch $(batch)) $(if $(heads),--heads $(heads)) \
+		$(if $(head-dim),--head-dim $(head-dim)) $(if $(seq-lengths),--seq-lengths $(seq-lengths))
+
+# Redraw the charts of a roofline data file: make plot-roofline json=traces/roofline_data_....json
+plot-roofline:
+	$(PY) -m kernels plot-roofline $(json)
+
+# The timer against an independent profiler trace, and its spread over 10 timings (GPU).
+verify-timing:
+	$(PY) -m kernels verify-timing
+
+ceilings:
+	$(PY) -m kernels ceilings
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info .asv

@@ -330,8 +330,9 @@ def cmd_verify_timing(args: argparse.Namespace) -> int:
 
 def _selection_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("op", help="operation, e.g. softmax")
-    parser.add_argument("--impl", action="append", help="implementation name (repeatable)")
-    parser.add_argument("--case", action="append", help="keep cases whose id contains this")
+    parser.add_argument("--impl", action="extend", nargs="+", help="implementation names")
+    parser.add_argument("--case", action="extend", nargs="+",
+                        help="keep cases whose id contains one of these")
     parser.add_argument("--tags", nargs="+", help="case sets (default: gpu on a GPU, else cpu)")
     parser.add_argument("--dtype", nargs="+", help="keep these dtypes (f32 bf16 f16)")
     parser.add_argument("--dims", nargs="+", type=_dims, metavar="NAME=V1,V2",
