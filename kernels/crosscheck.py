@@ -9,6 +9,7 @@
 - `trace_kernel_time`: a JAX timeable's kernel time from an XLA profiler
   trace (`jax.profiler.trace`), independent of the timer's CUPTI path; used
   by `python -m kernels verify-timing`.
+- `ncu_kernel_time`: the same from Nsight Compute's kernel durations (GPU only).
 - `ncu_dram_command` / `dram_bytes_check`: the byte model of a bandwidth-bound
   kernel against Nsight Compute's DRAM byte counters (GPU only):
   `python -m kernels.crosscheck dram softmax xla f32-32768x4096` prints the
@@ -23,6 +24,7 @@ import dataclasses
 import gzip
 import io
 import json
+import os
 import pathlib
 import shutil
 import statistics
@@ -169,40 +171,94 @@ def trace_kernel_time(timeable, *, calls: int = 30) -> float:
     return statistics.median(sums)
 
 
-def ncu_dram_command(op: str, impl: str, case: str, kernel_regex: str | None = None) -> list[str]:
+NCU_BASE = ("ncu", "--csv", "--profile-from-start", "off", "--cache-control", "all",
+            "--clock-control", "none")
+
+
+def _child(*args: str) -> list[str]:
+    return [sys.executable, "-m", "kernels.crosscheck", *args]
+
+
+def _child_env() -> dict[str, str]:
+    # The parent may hold most of the GPU already; the child must not preallocate.
+    return dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+
+
+def ncu_dram_command(op: str, impl: str, case: str) -> list[str]:
     """The Nsight Compute command that counts DRAM bytes of one call of `impl` on `case`."""
-    command = ["ncu", "--csv", "--cache-control", "all", "--clock-control", "none",
-               "--metrics", "dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum"]
-    if kernel_regex:
-        command += ["--kernel-name", f"regex:{kernel_regex}"]
-    return command + [sys.executable, "-m", "kernels.crosscheck", "run", op, impl, case]
+    return [*NCU_BASE, "--metrics", "dram__bytes_read.sum,dram__bytes_write.sum",
+            *_child("run", op, impl, case, "--calls", "1")]
+
+
+def parse_ncu_rows(text: str) -> list[dict[str, str]]:
+    """The rows of ncu's --csv table (one per kernel and metric), in launch order."""
+    start = text.find('"ID"')
+    if start < 0:
+        raise ValueError("ncu output has no CSV table (did it profile any kernel?)")
+    return list(csv.DictReader(io.StringIO(text[start:])))
+
+
+_NCU_SCALE = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "nsecond": 1,
+              "usecond": 1e3, "msecond": 1e6, "second": 1e9}
+
+
+def _ncu_value(row: dict[str, str]) -> float:
+    return float(row["Metric Value"].replace(",", "")) * _NCU_SCALE.get(row["Metric Unit"], 1)
 
 
 def parse_ncu_csv(text: str) -> dict[str, float]:
     """Sum of each metric over every profiled kernel in ncu's --csv output (bytes, ns)."""
-    start = text.find('"ID"')
-    if start < 0:
-        raise ValueError("ncu output has no CSV table (did it profile any kernel?)")
     totals: dict[str, float] = {}
-    scale = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "nsecond": 1,
-             "usecond": 1e3, "msecond": 1e6}
-    for row in csv.DictReader(io.StringIO(text[start:])):
-        value = float(row["Metric Value"].replace(",", ""))
-        totals[row["Metric Name"]] = totals.get(row["Metric Name"], 0.0) + \
-            value * scale.get(row["Metric Unit"], 1)
+    for row in parse_ncu_rows(text):
+        totals[row["Metric Name"]] = totals.get(row["Metric Name"], 0.0) + _ncu_value(row)
     return totals
+
+
+def _require_ncu() -> None:
+    from kernels import devices
+
+    if not devices.this_machine().has_gpu or shutil.which("ncu") is None:
+        raise RuntimeError("needs a CUDA GPU and Nsight Compute (ncu) on PATH")
+
+
+def ncu_kernel_time(op: str, impl: str, case: str, *, calls: int = 10) -> float:
+    """Median over `calls` of the summed ncu kernel durations of one call (caches flushed by ncu,
+    clocks not locked). Only the calls between cudaProfilerStart/Stop are profiled, so
+    compilation and autotuning kernels are not."""
+    _require_ncu()
+    result = subprocess.run([*NCU_BASE, "--metrics", "gpu__time_duration.sum",
+                             *_child("run", op, impl, case, "--calls", str(calls))],
+                            capture_output=True, text=True, env=_child_env(), timeout=900)
+    if result.returncode:
+        raise RuntimeError(f"ncu failed: {(result.stderr or result.stdout)[-500:]}")
+    durations = [_ncu_value(r) * 1e-9 for r in parse_ncu_rows(result.stdout)
+                 if r["Metric Name"] == "gpu__time_duration.sum"]
+    if not durations or len(durations) % calls:
+        raise RuntimeError(f"ncu profiled {len(durations)} kernels, not a multiple of {calls}")
+    per_call = len(durations) // calls
+    return statistics.median(sum(durations[i:i + per_call])
+                             for i in range(0, len(durations), per_call))
+
+
+def trace_in_subprocess(op: str, impl: str, case: str, *, calls: int = 30) -> float:
+    """`trace_kernel_time` in a fresh process: CUPTI takes one subscriber at a time, and the
+    profiler there is untouched by the timer's CUPTI use here."""
+    result = subprocess.run(_child("trace", op, impl, case, "--calls", str(calls)),
+                            capture_output=True, text=True, env=_child_env(), timeout=900)
+    if result.returncode:
+        raise RuntimeError(f"profiler trace failed: {result.stderr[-500:]}")
+    return float(result.stdout.split()[-1])
 
 
 def dram_bytes_check(op: str, impl: str, case: str) -> str:
     """Run ncu on one call and compare its DRAM bytes with the model's (bandwidth-bound kernels)."""
-    from kernels import devices, registry
+    from kernels import registry
 
-    if not devices.this_machine().has_gpu or shutil.which("ncu") is None:
-        raise RuntimeError("dram check: needs a CUDA GPU and Nsight Compute (ncu) on PATH")
+    _require_ncu()
     operation = registry.operation(op)
-    work = operation.work(next(c for c in operation.cases if c.id == case), "fwd")
+    work = operation.work(_case(op, case), "fwd")
     result = subprocess.run(ncu_dram_command(op, impl, case), capture_output=True, text=True,
-                            check=True)
+                            env=_child_env(), check=True)
     totals = parse_ncu_csv(result.stdout)
     dram = totals["dram__bytes_read.sum"] + totals["dram__bytes_write.sum"]
     verdict = "ok" if work.bytes * (1 - DRAM_TOLERANCE) <= dram <= work.bytes * (
@@ -211,14 +267,39 @@ def dram_bytes_check(op: str, impl: str, case: str) -> str:
             f"({dram / work.bytes:.3f}x) {verdict}")
 
 
-def _run_once(op: str, impl: str, case: str) -> None:
-    """One call of `impl` on `case` after compiling (what ncu profiles)."""
-    from kernels import frameworks, registry, timing
+def _case(op: str, case_id: str):
+    from kernels import registry
 
-    timeable = timing.prepare(registry.implementation(op, impl),
-                              next(c for c in registry.operation(op).cases if c.id == case))
+    operation = registry.operation(op)
+    try:
+        return next(c for c in operation.cases if c.id == case_id)
+    except StopIteration:
+        raise ValueError(f"case: {op} has no case {case_id!r}; it has "
+                         f"{[c.id for c in operation.cases]}") from None
+
+
+def _timeable(op: str, impl: str, case: str):
+    from kernels import registry, timing
+
+    return timing.prepare(registry.implementation(op, impl), _case(op, case))
+
+
+def _run_calls(op: str, impl: str, case: str, calls: int) -> None:
+    """Warm up, then `calls` calls inside cudaProfilerStart/Stop (what ncu profiles)."""
+    import torch
+
+    from kernels import frameworks, timing
+
+    timeable = _timeable(op, impl, case)
     fw = frameworks.framework("jax" if timeable.framework == "jax" else "torch")
-    fw.synchronize(timeable.fn(*timeable.args))
+    for _ in range(timing.WARMUP_CALLS):
+        fw.synchronize(timeable.fn(*timeable.args))
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for _ in range(calls):
+        fw.synchronize(timeable.fn(*timeable.args))
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,15 +307,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.crosscheck", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("run", "dram"):
-        command = sub.add_parser(name)
+    for name, help_text in (("run", "warm up, then calls under cudaProfilerStart (for ncu)"),
+                            ("trace", "median kernel time from an XLA profiler trace"),
+                            ("dram", "ncu DRAM bytes of one call vs the byte model"),
+                            ("ncu-time", "median kernel time by ncu")):
+        command = sub.add_parser(name, help=help_text)
         command.add_argument("op")
         command.add_argument("impl")
         command.add_argument("case")
+        command.add_argument("--calls", type=int, default=10)
     sub.add_parser("cost", help="analytic work vs XLA cost_analysis for the XLA baselines")
     args = parser.parse_args(argv)
     if args.command == "run":
-        _run_once(args.op, args.impl, args.case)
+        _run_calls(args.op, args.impl, args.case, args.calls)
+    elif args.command == "trace":
+        print(repr(trace_kernel_time(_timeable(args.op, args.impl, args.case), calls=args.calls)))
+    elif args.command == "ncu-time":
+        print(repr(ncu_kernel_time(args.op, args.impl, args.case, calls=args.calls)))
     elif args.command == "dram":
         print(" ".join(ncu_dram_command(args.op, args.impl, args.case)))
         print(dram_bytes_check(args.op, args.impl, args.case))

@@ -316,35 +316,43 @@ class _CuptiSampler:
 
     The flush and the call are compiled into one program, ordered by an
     optimization barrier (the call's inputs pass through it together with the
-    flushed buffer), so the flush's kernels are the first of each iteration and
-    are left out of the sum.
+    flushed buffer, so XLA keeps the write and runs it first); the flush's
+    kernels are thus the first of each iteration and are left out of the sum.
+    Construction checks that count: one call of the combined program must
+    launch the flush's kernels plus the call's own.
     """
 
     def __init__(self, fn, args: tuple[Any, ...], flush_bytes: int | None, measure):
         import jax
         import jax.numpy as jnp
 
-        self.measure, self.args = measure, args
+        self.measure, self.fn, self.args = measure, fn, args
         self.flush_kernels = 0
         if flush_bytes:
             words = flush_bytes // 4
 
             def flushed(token, *call_args):
                 buffer = jnp.broadcast_to(token, (words,))
-                buffer, call_args = jax.lax.optimization_barrier((buffer, call_args))
-                # One word of the buffer leaves the program, so the whole write stays in it.
-                return fn(*call_args), buffer[:1]
+                _, call_args = jax.lax.optimization_barrier((buffer, call_args))
+                return fn(*call_args)
 
-            self.fn = jax.jit(flushed)
-            self.args = (jnp.int32(1), *args)
             flush_only = jax.jit(lambda token: jnp.broadcast_to(token, (words,)))
-            _, kernels = measure(flush_only, aggregate=False)(jnp.int32(1))
-            self.flush_kernels = len(kernels or ())
-        else:
-            self.fn = fn
+            self.flush_kernels = len(self._kernels(flush_only, (jnp.int32(1),)))
+            own = self._kernels(fn, args)
+            self.fn, self.args = jax.jit(flushed), (jnp.int32(1), *args)
+            combined = self._kernels(self.fn, self.args)
+            if len(combined) != self.flush_kernels + len(own) or not own:
+                raise RuntimeError(
+                    f"cold-regime CUPTI timing: the flushed program launches {len(combined)} "
+                    f"kernels ({[n for n, _ in combined]}), expected {self.flush_kernels} for "
+                    f"the flush plus the call's own {[n for n, _ in own]}; use regime='hot'")
         out = jax.eval_shape(self.fn, *self.args)
         out_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(out))
         self.batch = max(1, CUPTI_BATCH_BYTES // max(out_bytes, 1))
+
+    def _kernels(self, fn, args) -> list[tuple[str, float]]:
+        _, kernels = self.measure(fn, aggregate=False)(*args)
+        return list(kernels or ())
 
     def take(self, n: int) -> list[float]:
         samples: list[float] = []
