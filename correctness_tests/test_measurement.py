@@ -304,3 +304,52 @@ def test_cupti_timer_agrees_with_a_profiler_trace():
     m = timing.measure(impl, case)
     assert m.method == "cupti" and m.regime == "cold"
     assert abs(m.median_s - traced) <= 0.05 * traced, (m.median_s, traced)
+
+
+class CountingFn:
+    """A jitted computation that counts its calls (what the fake CUPTI session reports on)."""
+
+    def __init__(self):
+        import jax
+
+        self.calls = 0
+        self.jitted = jax.jit(lambda x: x * 2)
+
+    def __call__(self, x):
+        self.calls += 1
+        return self.jitted(x)
+
+
+class FakeCuptiSession:
+    """Reports, per call since start(), the flush kernel then the call's two kernels."""
+
+    def __init__(self, fn: CountingFn, leading: str = "flush_broadcast"):
+        self.fn, self.leading = fn, leading
+
+    def start(self):
+        self.before = self.fn.calls
+
+    def stop(self):
+        calls = self.fn.calls - self.before
+        if calls == 0:  # the flush recorded alone
+            return [("flush_broadcast", 0.5)]
+        return [(self.leading, 0.5), ("k1", 1.0), ("k2", 2.0)] * calls
+
+
+def test_cupti_sampler_sums_each_calls_kernels_and_leaves_the_flush_out():
+    import jax.numpy as jnp
+
+    fn = CountingFn()
+    sampler = timing._CuptiSampler(fn, (jnp.ones(4),), 1024, FakeCuptiSession(fn))
+    assert sampler.flush_names == ["flush_broadcast"]
+    assert sampler.take(3) == pytest.approx([3e-3] * 3)  # (1 + 2) ms per call
+    assert fn.calls == 3
+
+
+def test_cupti_sampler_refuses_calls_that_do_not_start_with_the_flush():
+    import jax.numpy as jnp
+
+    fn = CountingFn()
+    sampler = timing._CuptiSampler(fn, (jnp.ones(4),), 1024, FakeCuptiSession(fn, "other"))
+    with pytest.raises(RuntimeError, match="expected each call to start with the flush"):
+        sampler.take(2)

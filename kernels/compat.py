@@ -37,13 +37,32 @@ def pallas_triton():
     return pallas_triton_module
 
 
-def cupti_measure():
-    """`jax.experimental.mosaic.gpu.profiler.measure` (CUPTI kernel timings), or None where the
-    Mosaic GPU extension that provides CUPTI is not available."""
+class CuptiSession:
+    """CUPTI kernel-activity recording around arbitrary JAX dispatches.
+
+    The calls `jax.experimental.mosaic.gpu.profiler.measure` makes, without
+    its wrapper (which jits the function, adds a warm-up call and requires
+    every iteration to launch the same kernels): `start()`, dispatch anything,
+    wait for it, `stop()` -> [(kernel name, milliseconds)] in launch order.
+    """
+
+    def __init__(self, extension):
+        self._extension = extension
+
+    def start(self) -> None:
+        self._extension._cupti_init()
+
+    def stop(self) -> list[tuple[str, float]]:
+        return list(self._extension._cupti_get_timings(True) or ())
+
+
+def cupti_session() -> CuptiSession | None:
+    """A CuptiSession over the Mosaic GPU extension, or None where it is not available."""
     try:
-        from jax.experimental.mosaic.gpu import profiler
+        from jax._src.lib import mosaic_gpu as mosaic_gpu_lib
     except ImportError:
         return None
-    if getattr(profiler, "mosaic_gpu_lib", None) is None:
+    extension = getattr(mosaic_gpu_lib, "_mosaic_gpu_ext", None)
+    if extension is None or not hasattr(extension, "_cupti_init"):
         return None
-    return profiler.measure
+    return CuptiSession(extension)

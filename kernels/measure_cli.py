@@ -126,10 +126,11 @@ class Row:
 
 def run_rows(op, impls, cases, directions, regime, rule) -> list[Row]:
     """Time every (implementation, case, direction) that can run here, with a progress bar."""
-    from kernels import devices, timing
+    from kernels import checking, devices, timing
     from kernels.roofline import report
 
     todo = [Row(impl, case, d) for case in cases for d in directions for impl in impls]
+    inputs: dict[str, tuple] = {}  # numpy inputs per case, made once (large ones take seconds)
     for row in report.progress(todo, f"timing {op.name}"):
         reason = devices.case_unavailable_reason(row.impl, row.case)
         if reason is None and row.direction == "bwd" and not (op.differentiable
@@ -139,7 +140,11 @@ def run_rows(op, impls, cases, directions, regime, rule) -> list[Row]:
             row.skipped = reason
             continue
         try:
-            row.measurement = timing.measure(row.impl, row.case, row.direction, regime, rule=rule)
+            if row.case.id not in inputs:
+                inputs.clear()
+                inputs[row.case.id] = checking.make_inputs(op, row.case, 0, "normal")
+            row.measurement = timing.measure(row.impl, row.case, row.direction, regime, rule=rule,
+                                             inputs=inputs[row.case.id])
         except Exception as error:  # one failing kernel must not hide the others' numbers
             row.skipped = f"ERROR {type(error).__name__}: {error}"[:200]
     return todo

@@ -6,9 +6,10 @@ samples until the noise allows a verdict, and returns a `Measurement`.
 
 How a sample is taken (the `method` every result names):
 
-  "cupti"        JAX on a GPU: kernel time from CUPTI through
-                 `jax.experimental.mosaic.gpu.profiler.measure`; a sample is
-                 the sum of the kernel durations of one call.
+  "cupti"        JAX on a GPU: kernel time from CUPTI, recorded as
+                 `jax.experimental.mosaic.gpu.profiler.measure` does (see
+                 `compat.CuptiSession`); a sample is the sum of the kernel
+                 durations of one call.
   "cuda-events"  torch / Triton on a GPU: a CUDA event pair around one call on
                  the current stream (as `triton.testing.do_bench` does).
   "host-clock"   the CPU, or a GPU JAX without CUPTI: perf_counter around one
@@ -44,9 +45,6 @@ from kernels import checking, fingerprint, frameworks, registry
 
 REGIMES = ("cold", "hot")
 WARMUP_CALLS = 3
-# Outputs a single batch of CUPTI iterations may keep alive at once (all of them
-# stay referenced until the batch ends).
-CUPTI_BATCH_BYTES = 4 << 30
 CPU_CACHE_FALLBACK_BYTES = 32 << 20
 
 
@@ -167,11 +165,12 @@ def _cotangent(out_shape: Sequence[int], dtype: Any, seed: int) -> np.ndarray:
 
 
 def prepare(impl: registry.Implementation, case: registry.Case, *, direction: str = "fwd",
-            seed: int = 0) -> Timeable:
+            seed: int = 0, inputs: tuple[np.ndarray, ...] | None = None) -> Timeable:
     """Inputs made and placed for `impl`; for "bwd", the forward run once and its VJP to time.
 
     The backward times only the pullback (jax.vjp's function / torch.autograd.grad
     over a retained graph) with a random cotangent, not the forward again.
+    `inputs` (numpy, from `checking.make_inputs`) saves remaking large ones.
     """
     if direction not in registry.DIRECTIONS:
         raise ValueError(f"direction: expected one of {registry.DIRECTIONS}, got {direction!r}")
@@ -179,7 +178,9 @@ def prepare(impl: registry.Implementation, case: registry.Case, *, direction: st
     if direction == "bwd" and not (op.differentiable and impl.differentiable):
         raise ValueError(f"direction: {impl.id} has no backward; expected 'fwd', got 'bwd'")
     fw = frameworks.framework(impl.framework)
-    args = impl.place(case, fw.from_numpy(checking.make_inputs(op, case, seed, "normal")))
+    if inputs is None:
+        inputs = checking.make_inputs(op, case, seed, "normal")
+    args = impl.place(case, fw.from_numpy(inputs))
     kwargs = case.kwargs
     label = f"{impl.id} {case.id} {direction}"
     if impl.framework == "jax":
@@ -312,67 +313,62 @@ class _CudaEventSampler:
 
 
 class _CuptiSampler:
-    """Kernel time from CUPTI; in the cold regime each call first writes the L2-sized buffer.
+    """Kernel time from CUPTI: per call, the sum of its kernels' durations.
 
-    The flush and the call are compiled into one program, ordered by an
-    optimization barrier (the call's inputs pass through it together with the
-    flushed buffer, so XLA keeps the write and runs it first); the flush's
-    kernels are thus the first of each iteration and are left out of the sum.
-    Construction checks that count: one call of the combined program must
-    launch the flush's kernels plus the call's own.
+    In the cold regime each call is preceded by a separate program that writes
+    the L2-sized buffer; one stream runs them in order, so the recorded
+    kernels come as [flush kernels, call kernels] per call. The flush's
+    kernels, learned by recording it alone, are checked by name at the start
+    of every call's group and left out of the sum.
     """
 
-    def __init__(self, fn, args: tuple[Any, ...], flush_bytes: int | None, measure):
+    def __init__(self, fn, args: tuple[Any, ...], flush_bytes: int | None, session):
         import jax
         import jax.numpy as jnp
 
-        self.measure, self.fn, self.args = measure, fn, args
-        self.flush_kernels = 0
+        self.fn, self.args, self.session = fn, args, session
+        self.flush = None
+        self.flush_names: list[str] = []
         if flush_bytes:
             words = flush_bytes // 4
+            self.flush = functools.partial(
+                jax.jit(lambda token: jnp.broadcast_to(token, (words,))), jnp.int32(1))
+            jax.block_until_ready(self.flush())
+            self.flush_names = [name for name, _ in self._record(1, flush_only=True)]
+            if not self.flush_names:
+                raise RuntimeError("CUPTI recorded no kernel for the L2 flush")
 
-            def flushed(token, *call_args):
-                buffer = jnp.broadcast_to(token, (words,))
-                _, call_args = jax.lax.optimization_barrier((buffer, call_args))
-                return fn(*call_args)
+    def _record(self, n: int, flush_only: bool = False) -> list[tuple[str, float]]:
+        import jax
 
-            flush_only = jax.jit(lambda token: jnp.broadcast_to(token, (words,)))
-            self.flush_kernels = len(self._kernels(flush_only, (jnp.int32(1),)))
-            own = self._kernels(fn, args)
-            self.fn, self.args = jax.jit(flushed), (jnp.int32(1), *args)
-            combined = self._kernels(self.fn, self.args)
-            if len(combined) != self.flush_kernels + len(own) or not own:
-                raise RuntimeError(
-                    f"cold-regime CUPTI timing: the flushed program launches {len(combined)} "
-                    f"kernels ({[n for n, _ in combined]}), expected {self.flush_kernels} for "
-                    f"the flush plus the call's own {[n for n, _ in own]}; use regime='hot'")
-        out = jax.eval_shape(self.fn, *self.args)
-        out_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(out))
-        self.batch = max(1, CUPTI_BATCH_BYTES // max(out_bytes, 1))
-
-    def _kernels(self, fn, args) -> list[tuple[str, float]]:
-        _, kernels = self.measure(fn, aggregate=False)(*args)
-        return list(kernels or ())
+        self.session.start()
+        try:
+            last = None
+            for _ in range(n):
+                if self.flush is not None:
+                    last = self.flush()
+                if not flush_only:
+                    last = self.fn(*self.args)
+            jax.block_until_ready(last)
+        finally:
+            kernels = self.session.stop()
+        return kernels
 
     def take(self, n: int) -> list[float]:
-        samples: list[float] = []
-        while len(samples) < n:
-            count = min(self.batch, n - len(samples))
-            _, timings = self.measure(self.fn, aggregate=False, iterations=count)(*self.args)
-            if timings is None:
-                raise RuntimeError("CUPTI saw no kernels: nothing ran on the GPU")
-            per_call = [timings] if count == 1 else timings
-            samples += [sum(ms for _, ms in kernels[self.flush_kernels:]) * 1e-3
-                        for kernels in per_call]
+        kernels = self._record(n)
+        if not kernels or len(kernels) % n:
+            raise RuntimeError(f"CUPTI recorded {len(kernels)} kernels for {n} calls; expected "
+                               f"the same number per call")
+        per_call = len(kernels) // n
+        skip = len(self.flush_names)
+        samples = []
+        for start in range(0, len(kernels), per_call):
+            group = kernels[start:start + per_call]
+            if [name for name, _ in group[:skip]] != self.flush_names or per_call == skip:
+                raise RuntimeError(f"CUPTI: expected each call to start with the flush's kernels "
+                                   f"{self.flush_names}, got {[name for name, _ in group]}")
+            samples.append(sum(ms for _, ms in group[skip:]) * 1e-3)
         return samples
-
-
-def kernel_names(timeable: Timeable) -> list[str]:
-    """The GPU kernels one call of a JAX timeable launches, by CUPTI (verify-timing uses them)."""
-    from kernels import compat
-
-    _, kernels = compat.cupti_measure()(timeable.fn, aggregate=False)(*timeable.args)
-    return [name for name, _ in kernels or ()]
 
 
 def make_sampler(timeable: Timeable, regime: str,
@@ -386,9 +382,9 @@ def make_sampler(timeable: Timeable, regime: str,
 
         from kernels import compat
 
-        measure = compat.cupti_measure() if timeable.on_gpu else None
-        if measure is not None:
-            inner = _CuptiSampler(timeable.fn, timeable.args, flush_bytes, measure)
+        session = compat.cupti_session() if timeable.on_gpu else None
+        if session is not None:
+            inner = _CuptiSampler(timeable.fn, timeable.args, flush_bytes, session)
             return _ClockedSampler(inner, device), "cupti"
         flush = _jax_flush(flush_bytes) if flush_bytes else None
         inner = _HostSampler(lambda: jax.block_until_ready(timeable.fn(*timeable.args)), flush)
@@ -449,8 +445,8 @@ def time_timeable(timeable: Timeable, *, regime: str = "cold", rule: StoppingRul
 
 
 def measure(impl: registry.Implementation, case: registry.Case, direction: str = "fwd",
-            regime: str = "cold", *, rule: StoppingRule | None = None,
-            seed: int = 0) -> Measurement:
+            regime: str = "cold", *, rule: StoppingRule | None = None, seed: int = 0,
+            inputs: tuple[np.ndarray, ...] | None = None) -> Measurement:
     """Time `impl` on `case` in `direction` ("fwd" or "bwd") on this machine's device."""
-    return time_timeable(prepare(impl, case, direction=direction, seed=seed), regime=regime,
-                         rule=rule)
+    return time_timeable(prepare(impl, case, direction=direction, seed=seed, inputs=inputs),
+                         regime=regime, rule=rule)
