@@ -105,14 +105,21 @@ def cost_analysis_check(check: CostCheck) -> str:
             f"{work.bytes:.6g} / XLA {xla_bytes:.6g} ({check.bytes_rule})")
 
 
+# Lines XLA's trace derives from the kernels (duplicating their durations), not kernels.
+_DERIVED_LINES = ("XLA", "Steps", "Scope", "Source", "Launch Stats", "Framework")
+
+
 def _gpu_stream_events(trace: dict[str, Any]) -> list[dict[str, Any]]:
     """Complete events on the GPU's stream lines of a trace (not XLA's derived op lines)."""
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     gpu_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") ==
                 "process_name" and str(e["args"].get("name", "")).startswith("/device:GPU")}
-    streams = {(e["pid"], e.get("tid")) for e in events if e.get("ph") == "M"
-               and e.get("name") == "thread_name" and e["pid"] in gpu_pids
-               and str(e["args"].get("name", "")).startswith("Stream")}
+    threads = {(e["pid"], e.get("tid")): str(e["args"].get("name", "")) for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name" and e["pid"] in gpu_pids}
+    streams = {key for key, name in threads.items() if name.startswith("Stream")}
+    if not streams:  # another naming: every GPU line that is not a derived one
+        streams = {key for key, name in threads.items()
+                   if not any(word in name for word in _DERIVED_LINES)}
     return sorted((e for e in events if e.get("ph") == "X" and (e["pid"], e.get("tid")) in
                    streams), key=lambda e: e["ts"])
 
@@ -167,7 +174,9 @@ def trace_kernel_time(timeable, *, calls: int = 30) -> float:
             sums[-1] += float(event["dur"]) * 1e-6  # trace durations are in microseconds
     sums = [s for s in sums if s > 0]
     if len(sums) != calls:
-        raise RuntimeError(f"profiler trace: expected {calls} calls' kernels, found {len(sums)}")
+        names = sorted({e["name"] for e in events})[:12]
+        raise RuntimeError(f"profiler trace: expected {calls} calls' kernels after the flush "
+                           f"{sorted(flush_names)}, found {len(sums)}; kernels seen: {names}")
     return statistics.median(sums)
 
 
