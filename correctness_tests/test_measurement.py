@@ -189,6 +189,12 @@ def test_place_compute_bound_point_and_flag_above_the_roof():
     assert p.fraction == pytest.approx(0.5)  # 5e14 of 1e15
     too_fast = model.place(registry.Work(flops=1e13, bytes=1e10), 0.005, ceiling, "bf16")
     assert too_fast.fraction == pytest.approx(2.0) and too_fast.suspicious
+    # Within a measured roof's own noise (3% above it) is not flagged; above a datasheet roof is.
+    at_roof = model.place(registry.Work(flops=1e13, bytes=1e10), 0.01 / 1.03, ceiling, "bf16")
+    assert at_roof.fraction == pytest.approx(1.03) and not at_roof.suspicious
+    sheet = dataclasses.replace(ceiling, kind="datasheet")
+    assert model.place(registry.Work(flops=1e13, bytes=1e10), 0.01 / 1.03, sheet,
+                       "bf16").suspicious
 
 
 def test_place_scales_with_devices_and_f32_uses_the_tf32_roof():
@@ -237,6 +243,9 @@ def test_roofline_chart_is_drawn_from_a_data_file(tmp_path):
     assert image.std() > 0.05  # not a blank canvas
 
 
+@pytest.mark.skipif(devices.this_machine().has_gpu,
+                    reason="compares XLA's CPU cost model; on a GPU, XLA's gemm custom calls "
+                           "report their costs differently")
 @pytest.mark.parametrize("check", crosscheck.COST_CHECKS,
                          ids=lambda c: f"{c.op}-{c.impl}-{c.case}-{c.direction}")
 def test_work_model_agrees_with_xla_cost_analysis(check):
@@ -343,7 +352,7 @@ def test_cupti_sampler_sums_each_calls_kernels_and_leaves_the_flush_out():
     sampler = timing._CuptiSampler(fn, (jnp.ones(4),), 1024, FakeCuptiSession(fn))
     assert sampler.flush_names == ["flush_broadcast"]
     assert sampler.take(3) == pytest.approx([3e-3] * 3)  # (1 + 2) ms per call
-    assert fn.calls == 3
+    assert fn.calls == 1 + 3  # one compiling call before any recording, then the three
 
 
 def test_cupti_sampler_refuses_calls_that_do_not_start_with_the_flush():

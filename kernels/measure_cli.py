@@ -351,6 +351,7 @@ def cmd_verify_timing(args: argparse.Namespace) -> int:
                       f"{100 * spread:.2f}% (n={len(medians)})",
                       f"{runs[0].method}, {runs[0].stop_reason}, {runs[0].repeats} samples",
                       "ok" if passed else "FAIL"])
+        print("  " + " | ".join(lines[-1]), file=sys.stderr, flush=True)  # survives a later crash
     print(table(lines, ["kernel", "timer (median of medians)", "XLA profiler trace",
                         "ncu", "CV of medians", "first run", f"within {AGREEMENT:.0%}, CV<=1%"]))
     return 0 if ok else 1

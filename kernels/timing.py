@@ -327,6 +327,8 @@ class _CuptiSampler:
         import jax.numpy as jnp
 
         self.fn, self.args, self.session = fn, args, session
+        # Compile (and let XLA autotune, which launches kernels of its own) before any recording.
+        jax.block_until_ready(fn(*args))
         self.flush = None
         self.flush_names: list[str] = []
         if flush_bytes:
