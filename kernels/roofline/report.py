@@ -73,21 +73,44 @@ def write_data(points: list[dict[str, Any]], device, sheet, measured,
 
 
 def _roofs(axes, ceiling: ceilings.Ceiling, dtypes: Iterable[str], x_range, scale: float,
-           unit: str) -> None:
-    """Draw `ceiling`'s roofs, one per distinct compute peak among `dtypes`."""
+           unit: str, colors: dict[str, str]) -> None:
+    """Draw `ceiling`'s roofs: one per distinct compute peak among `dtypes`, in its color."""
     import numpy as np
 
     by_peak: dict[float, list[str]] = {}
     for dtype in dtypes:
         by_peak.setdefault(ceiling.peak(dtype), []).append(dtype)
     x = np.geomspace(*x_range, 200)
-    style = "--" if ceiling.kind == "datasheet" else "-"
-    for index, (peak, names) in enumerate(sorted(by_peak.items())):
-        axes.plot(x, np.minimum(peak, x * ceiling.bandwidth) / scale, style,
-                  color=f"C{index}" if ceiling.kind == "measured" else f"C{index + 5}",
-                  linewidth=1.3,
+    for peak, names in sorted(by_peak.items()):
+        axes.plot(x, np.minimum(peak, x * ceiling.bandwidth) / scale,
+                  "--" if ceiling.kind == "datasheet" else "-", color=colors[names[0]],
+                  linewidth=1.3, alpha=0.6 if ceiling.kind == "datasheet" else 1.0,
                   label=f"{ceiling.kind} {'/'.join(names)}: {peak / scale:.3g} {unit}, "
-                        f"{ceiling.bandwidth / 1e9:.3g} GB/s")
+                        f"{ceiling.bandwidth / 1e9:.0f} GB/s")
+
+
+def _clusters(xs: list[float], ys: list[float]) -> list[list[int]]:
+    """Indices of points that sit on top of each other (same intensity, within 15% in rate)."""
+    order = sorted(range(len(xs)), key=lambda i: (xs[i], ys[i]))
+    groups: list[list[int]] = []
+    for i in order:
+        last = groups[-1][-1] if groups else None
+        if last is not None and math.isclose(xs[i], xs[last], rel_tol=0.01) \
+                and ys[i] <= ys[last] * 1.15:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def _label(p: dict[str, Any]) -> str:
+    label = f"{p['impl']} {p['case']}"
+    placement = p["placement"].get("measured") or p["placement"].get("datasheet")
+    if placement:
+        label += f" {100 * placement['fraction']:.0f}%"
+        if placement["suspicious"]:
+            label += " (>roof: work model?)"
+    return label
 
 
 def plot(data: dict[str, Any], direction: str, path: pathlib.Path) -> pathlib.Path | None:
@@ -104,40 +127,38 @@ def plot(data: dict[str, Any], direction: str, path: pathlib.Path) -> pathlib.Pa
     roofs = [ceilings.Ceiling.from_dict(c) for c in (data["ceilings"]["datasheet"],
                                                      data["ceilings"]["measured"]) if c]
     dtypes = sorted({p["dtype"] for p in points})
-    intensities = [p["flops"] / p["bytes"] for p in points]
+    colors = {d: f"C{i}" for i, d in enumerate(dtypes)}
+    xs = [p["flops"] / p["bytes"] for p in points]
     ridges = [c.peak(d) / c.bandwidth for c in roofs for d in dtypes]
-    x_range = (min(intensities + ridges) / 4, max(intensities + ridges) * 4)
+    x_range = (min(xs + ridges) / 4, max(xs + ridges) * 4)
     top = max([c.peak(d) for c in roofs for d in dtypes] +
               [p["flops"] / p["median_s"] for p in points])
     scale, unit = (1e12, "TFLOP/s") if top >= 1e12 else (1e9, "GFLOP/s")
+    ys = [p["flops"] / p["median_s"] / scale for p in points]
 
     figure, axes = plt.subplots(figsize=(12, 7.5))
     for ceiling in roofs:
-        _roofs(axes, ceiling, dtypes, x_range, scale, unit)
+        _roofs(axes, ceiling, dtypes, x_range, scale, unit, colors)
     markers = "os^vD<>pP*Xh"
     impls = sorted({(p["op"], p["impl"]) for p in points})
-    dtype_colors = {d: f"C{i}" for i, d in enumerate(dtypes)}
-    # Points at one intensity are labelled alternately right and left of their marker.
-    order = sorted(range(len(points)), key=lambda i: (intensities[i],
-                                                      points[i]["flops"] / points[i]["median_s"]))
-    side = {}
-    for rank, i in enumerate(order):
-        same_x = [j for j in order[:rank] if intensities[j] == intensities[i]]
-        side[i] = len(same_x) % 2
-    for i, (p, x) in enumerate(zip(points, intensities, strict=True)):
-        y = p["flops"] / p["median_s"] / scale
-        marker = markers[impls.index((p["op"], p["impl"])) % len(markers)]
-        axes.scatter([x], [y], marker=marker, color=dtype_colors[p["dtype"]], edgecolor="black",
-                     zorder=3, s=50)
-        placement = p["placement"].get("measured") or p["placement"].get("datasheet")
-        label = f"{p['impl']} {p['case']}"
-        if placement:
-            label += f" {100 * placement['fraction']:.0f}%"
-            if placement["suspicious"]:
-                label += " (>roof: work model?)"
-        axes.annotate(label, (x, y), textcoords="offset points",
-                      xytext=(7, -3) if side[i] == 0 else (-7, -3),
-                      ha="left" if side[i] == 0 else "right", fontsize=7.5)
+    for p, x, y in zip(points, xs, ys, strict=True):
+        axes.scatter([x], [y], marker=markers[impls.index((p["op"], p["impl"])) % len(markers)],
+                     color=colors[p["dtype"]], edgecolor="black", zorder=3, s=50)
+    # One label per cluster of overlapping points. Labels go right of their column, or left
+    # where another column of points lies close to the right; a cluster close above another
+    # in the same column puts its label above its point instead of beside it.
+    columns = sorted({round(x, 9) for x in xs})
+    previous: dict[float, float] = {}
+    for group in _clusters(xs, ys):
+        x = round(xs[group[0]], 9)
+        y = math.exp(sum(math.log(ys[i]) for i in group) / len(group))
+        right = not any(x < other <= 4 * x for other in columns)
+        crowded = x in previous and y < previous[x] * 1.6
+        previous[x] = y
+        axes.annotate("\n".join(_label(points[i]) for i in group), (x, y),
+                      textcoords="offset points", xytext=(8 if right else -8, 4 if crowded else 0),
+                      ha="left" if right else "right", va="bottom" if crowded else "center",
+                      fontsize=7.5)
     axes.set_xscale("log")
     axes.set_yscale("log")
     axes.set_xlim(*x_range)
@@ -153,7 +174,7 @@ def plot(data: dict[str, Any], direction: str, path: pathlib.Path) -> pathlib.Pa
     handles = [Line2D([], [], linestyle="", marker=markers[k % len(markers)], color="gray",
                       markeredgecolor="black", label=f"{op}-{impl}")
                for k, (op, impl) in enumerate(impls)]
-    handles += [Line2D([], [], linestyle="", marker="s", color=dtype_colors[d], label=d)
+    handles += [Line2D([], [], linestyle="", marker="s", color=colors[d], label=d)
                 for d in dtypes]
     axes.legend(handles=handles, fontsize=7.5, loc="lower right", title="implementation / dtype",
                 title_fontsize=7.5)
