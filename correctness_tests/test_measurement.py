@@ -362,3 +362,18 @@ def test_cupti_sampler_refuses_calls_that_do_not_start_with_the_flush():
     sampler = timing._CuptiSampler(fn, (jnp.ones(4),), 1024, FakeCuptiSession(fn, "other"))
     with pytest.raises(RuntimeError, match="expected each call to start with the flush"):
         sampler.take(2)
+
+
+def test_cases_are_built_from_dims_and_attention_flags():
+    import argparse
+
+    from kernels import measure_cli
+
+    op = registry.operation("softmax")
+    cases = measure_cli.cases_from_dims(op, {"rows": [8], "cols": [16, 32]}, ["f32", "bf16"])
+    assert [c.id for c in cases] == ["f32-8x16", "f32-8x32", "bf16-8x16", "bf16-8x32"]
+    with pytest.raises(SystemExit, match=r"missing \['cols'\]"):
+        measure_cli.cases_from_dims(op, {"rows": [8]}, ["f32"])
+    flags = argparse.Namespace(batch=[4], heads=None, head_dim=None, seq_lengths=None)
+    with pytest.raises(SystemExit, match="--batch: softmax has no such dimension"):
+        measure_cli._attention_dims(op, flags)

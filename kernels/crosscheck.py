@@ -265,7 +265,7 @@ def dram_bytes_check(op: str, impl: str, case: str) -> str:
 
     _require_ncu()
     operation = registry.operation(op)
-    work = operation.work(_case(op, case), "fwd")
+    work = operation.work(case_by_id(op, case), "fwd")
     result = subprocess.run(ncu_dram_command(op, impl, case), capture_output=True, text=True,
                             env=_child_env(), check=True)
     totals = parse_ncu_csv(result.stdout)
@@ -276,7 +276,7 @@ def dram_bytes_check(op: str, impl: str, case: str) -> str:
             f"({dram / work.bytes:.3f}x) {verdict}")
 
 
-def _case(op: str, case_id: str):
+def case_by_id(op: str, case_id: str):
     from kernels import registry
 
     operation = registry.operation(op)
@@ -290,7 +290,7 @@ def _case(op: str, case_id: str):
 def _timeable(op: str, impl: str, case: str):
     from kernels import registry, timing
 
-    return timing.prepare(registry.implementation(op, impl), _case(op, case))
+    return timing.prepare(registry.implementation(op, impl), case_by_id(op, case))
 
 
 def _run_calls(op: str, impl: str, case: str, calls: int) -> None:
