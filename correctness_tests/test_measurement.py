@@ -349,7 +349,7 @@ def test_cupti_sampler_sums_each_calls_kernels_and_leaves_the_flush_out():
     import jax.numpy as jnp
 
     fn = CountingFn()
-    sampler = timing._CuptiSampler(fn, (jnp.ones(4),), 1024, FakeCuptiSession(fn))
+    sampler = timing._jax_cupti_sampler(fn, (jnp.ones(4),), 1024, FakeCuptiSession(fn))
     assert sampler.flush_names == ["flush_broadcast"]
     assert sampler.take(3) == pytest.approx([3e-3] * 3)  # (1 + 2) ms per call
     assert fn.calls == 1 + 3  # one compiling call before any recording, then the three
@@ -359,7 +359,8 @@ def test_cupti_sampler_refuses_calls_that_do_not_start_with_the_flush():
     import jax.numpy as jnp
 
     fn = CountingFn()
-    sampler = timing._CuptiSampler(fn, (jnp.ones(4),), 1024, FakeCuptiSession(fn, "other"))
+    sampler = timing._jax_cupti_sampler(fn, (jnp.ones(4),), 1024,
+                                        FakeCuptiSession(fn, "other"))
     with pytest.raises(RuntimeError, match="expected each call to start with the flush"):
         sampler.take(2)
 

@@ -11,7 +11,9 @@ How a sample is taken (the `method` every result names):
                  `compat.CuptiSession`); a sample is the sum of the kernel
                  durations of one call.
   "cuda-events"  torch / Triton on a GPU: a CUDA event pair around one call on
-                 the current stream (as `triton.testing.do_bench` does).
+                 the current stream (as `triton.testing.do_bench` does);
+                 KERNELPERF_TORCH_TIMER=cupti times them by CUPTI instead,
+                 which leaves out the GPU's idle time while the host launches.
   "host-clock"   the CPU, or a GPU JAX without CUPTI: perf_counter around one
                  call that waits for its result. On a GPU this includes
                  dispatch overhead (a 1.8 us kernel read 38.9 us), so it is
@@ -315,34 +317,29 @@ class _CudaEventSampler:
 class _CuptiSampler:
     """Kernel time from CUPTI: per call, the sum of its kernels' durations.
 
-    In the cold regime each call is preceded by a separate program that writes
-    the L2-sized buffer; one stream runs them in order, so the recorded
-    kernels come as [flush kernels, call kernels] per call. The flush's
-    kernels, learned by recording it alone, are checked by name at the start
-    of every call's group and left out of the sum.
+    In the cold regime each call is preceded by a separate flush (a program
+    or torch op writing the L2-sized buffer); one stream runs them in order,
+    so the recorded kernels come as [flush kernels, call kernels] per call.
+    The flush's kernels, learned by recording it alone, are checked by name at
+    the start of every call's group and left out of the sum.
+
+    call: runs the timed code once; flush: writes the L2 (or None, hot);
+    wait(last): blocks until the last dispatched work is done.
     """
 
-    def __init__(self, fn, args: tuple[Any, ...], flush_bytes: int | None, session):
-        import jax
-        import jax.numpy as jnp
-
-        self.fn, self.args, self.session = fn, args, session
+    def __init__(self, call: Callable[[], Any], flush: Callable[[], Any] | None,
+                 wait: Callable[[Any], Any], session):
+        self.call, self.flush, self.wait, self.session = call, flush, wait, session
         # Compile (and let XLA autotune, which launches kernels of its own) before any recording.
-        jax.block_until_ready(fn(*args))
-        self.flush = None
+        wait(call())
         self.flush_names: list[str] = []
-        if flush_bytes:
-            words = flush_bytes // 4
-            self.flush = functools.partial(
-                jax.jit(lambda token: jnp.broadcast_to(token, (words,))), jnp.int32(1))
-            jax.block_until_ready(self.flush())
+        if flush is not None:
+            wait(flush())
             self.flush_names = [name for name, _ in self._record(1, flush_only=True)]
             if not self.flush_names:
                 raise RuntimeError("CUPTI recorded no kernel for the L2 flush")
 
     def _record(self, n: int, flush_only: bool = False) -> list[tuple[str, float]]:
-        import jax
-
         self.session.start()
         try:
             last = None
@@ -350,8 +347,8 @@ class _CuptiSampler:
                 if self.flush is not None:
                     last = self.flush()
                 if not flush_only:
-                    last = self.fn(*self.args)
-            jax.block_until_ready(last)
+                    last = self.call()
+            self.wait(last)
         finally:
             kernels = self.session.stop()
         return kernels
@@ -373,6 +370,33 @@ class _CuptiSampler:
         return samples
 
 
+def _jax_cupti_sampler(fn, args: tuple[Any, ...], flush_bytes: int | None,
+                       session) -> _CuptiSampler:
+    import jax
+    import jax.numpy as jnp
+
+    flush = None
+    if flush_bytes:
+        write = jax.jit(lambda token: jnp.broadcast_to(token, (flush_bytes // 4,)))
+        flush = functools.partial(write, jnp.int32(1))
+    return _CuptiSampler(functools.partial(fn, *args), flush, jax.block_until_ready, session)
+
+
+def _torch_cupti_sampler(fn, args: tuple[Any, ...], flush_bytes: int | None,
+                         session) -> _CuptiSampler:
+    import torch
+
+    flush = _torch_flush(flush_bytes) if flush_bytes else None
+    return _CuptiSampler(functools.partial(fn, *args), flush,
+                         lambda _: torch.cuda.synchronize(), session)
+
+
+# torch / Triton on a GPU: "cuda-events" (the default, as triton.testing.do_bench) or
+# "cupti". Events can also count the GPU idling while the host launches, which dominates
+# kernels of a few microseconds (a 256x1024 softmax: 2.6 us by CUPTI, 18-93 us by events).
+TORCH_TIMER_VARIABLE = "KERNELPERF_TORCH_TIMER"
+
+
 def make_sampler(timeable: Timeable, regime: str,
                  device: fingerprint.Fingerprint) -> tuple[_ClockedSampler, str]:
     """A sampler for `timeable` in `regime`, and the method it measures by."""
@@ -386,12 +410,25 @@ def make_sampler(timeable: Timeable, regime: str,
 
         session = compat.cupti_session() if timeable.on_gpu else None
         if session is not None:
-            inner = _CuptiSampler(timeable.fn, timeable.args, flush_bytes, session)
+            inner = _jax_cupti_sampler(timeable.fn, timeable.args, flush_bytes, session)
             return _ClockedSampler(inner, device), "cupti"
         flush = _jax_flush(flush_bytes) if flush_bytes else None
         inner = _HostSampler(lambda: jax.block_until_ready(timeable.fn(*timeable.args)), flush)
         return _ClockedSampler(inner, device), "host-clock"
     if timeable.framework == "torch" and timeable.on_gpu:
+        choice = os.environ.get(TORCH_TIMER_VARIABLE, "cuda-events")
+        if choice not in ("cuda-events", "cupti"):
+            raise ValueError(f"{TORCH_TIMER_VARIABLE}: expected 'cuda-events' or 'cupti', got "
+                             f"{choice!r}")
+        if choice == "cupti":
+            from kernels import compat
+
+            session = compat.cupti_session()
+            if session is None:
+                raise RuntimeError(f"{TORCH_TIMER_VARIABLE}=cupti: CUPTI (through jax's Mosaic "
+                                   f"GPU extension) is not available here")
+            inner = _torch_cupti_sampler(timeable.fn, timeable.args, flush_bytes, session)
+            return _ClockedSampler(inner, device), "cupti"
         flush = _torch_flush(flush_bytes) if flush_bytes else None
         inner = _CudaEventSampler(functools.partial(timeable.fn, *timeable.args), flush)
         return _ClockedSampler(inner, device), "cuda-events"
