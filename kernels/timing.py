@@ -150,7 +150,7 @@ class Measurement:
 
 @dataclasses.dataclass(frozen=True)
 class Timeable:
-    """What to time: `fn(*args)` in `framework` ("jax", "torch" or "host"), and where it runs."""
+    """What to time: `fn(*args)` in `framework` ("jax" or "torch"), and whether on a GPU."""
 
     label: str
     framework: str
@@ -205,8 +205,8 @@ def prepare(impl: registry.Implementation, case: registry.Case, *, direction: st
     leaves = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
     out = impl.fn(*leaves, **kwargs)
     cotangent = frameworks.numpy_to_torch(_cotangent(out.shape, out.dtype, seed), out.device.type)
-    inputs = [leaf for leaf in leaves if leaf.requires_grad]
-    backward = functools.partial(torch.autograd.grad, out, inputs, cotangent, retain_graph=True)
+    wrt = [leaf for leaf in leaves if leaf.requires_grad]
+    backward = functools.partial(torch.autograd.grad, out, wrt, cotangent, retain_graph=True)
     return Timeable(label, "torch", backward, (), on_gpu)
 
 
