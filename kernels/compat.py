@@ -73,3 +73,11 @@ def explain_cache_misses() -> Iterator[None]:
         yield
     finally:
         jax.config.update("jax_explain_cache_misses", before)
+
+
+def profile_data(xplane_path):
+    """A trace's XSpace as `jax.profiler.ProfileData` (planes > lines > events, with stats);
+    the same API in jax 0.10.2 and 0.11.2."""
+    from jax.profiler import ProfileData
+
+    return ProfileData.from_file(str(xplane_path))

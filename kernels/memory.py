@@ -19,7 +19,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
-import multiprocessing
+import json
+import os
+import pathlib
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -113,21 +117,18 @@ def measure(impl: registry.Implementation, case: registry.Case, direction: str =
                      live_peak_bytes=live_peak)
 
 
-def _measure_by_name(op: str, impl: str, case_id: str, direction: str) -> MemoryUse:
-    from kernels import environment
-
-    environment.configure()
-    implementation = registry.implementation(op, impl)
-    case = next(c for c in registry.operation(op).cases if c.id == case_id)
-    return measure(implementation, case, direction)
-
-
 def measure_isolated(impl: registry.Implementation, case: registry.Case,
                      direction: str = "fwd") -> MemoryUse:
-    """`measure` in a fresh process, so the device's high-water mark starts at zero."""
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(1) as pool:
-        return pool.apply(_measure_by_name, (impl.op, impl.name, case.id, direction))
+    """`measure` in a fresh Python process, so the device's high-water mark starts at zero."""
+    package_root = str(pathlib.Path(__file__).resolve().parent.parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, "-m", "kernels.memory", impl.op, impl.name, case.id,
+                             direction], capture_output=True, text=True, env=env, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"measuring {impl.id} {case.id} {direction} in a subprocess failed "
+                           f"(exit {result.returncode}):\n{result.stderr[-4000:]}")
+    return MemoryUse(**json.loads(result.stdout.strip().splitlines()[-1]))
 
 
 def human(size: int | None) -> str:
@@ -140,3 +141,14 @@ def human(size: int | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+if __name__ == "__main__":
+    # python -m kernels.memory OP IMPL CASE DIRECTION: one measurement, as JSON on the last line.
+    from kernels import environment
+
+    environment.configure()
+    op_name, impl_name, case_id, direction_name = sys.argv[1:5]
+    chosen = next(c for c in registry.operation(op_name).cases if c.id == case_id)
+    use = measure(registry.implementation(op_name, impl_name), chosen, direction_name)
+    print(json.dumps(dataclasses.asdict(use)))
