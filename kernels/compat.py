@@ -9,7 +9,9 @@ use, filtered in pyproject.toml by its exact message.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Callable, Iterator
 
 import jax
 
@@ -47,3 +49,45 @@ def cupti_measure():
     if getattr(profiler, "mosaic_gpu_lib", None) is None:
         return None
     return profiler.measure
+# JAX's monitoring events (jax._src.dispatch, compiler), the same names in 0.10.2 and 0.11.2:
+# one backend compile per miss of the in-memory caches (persistent-cache hits included),
+# one trace per jaxpr traced, and the persistent cache's requests and hits.
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
+CACHE_REQUEST_EVENT = "/jax/compilation_cache/compile_requests_use_cache"
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+
+
+def add_duration_listener(listener) -> Callable[[], None]:
+    """Register `listener(event, seconds, **metadata)`; returns the function that removes it."""
+    from jax import monitoring
+
+    monitoring.register_event_duration_secs_listener(listener)
+    return functools.partial(monitoring.unregister_event_duration_listener, listener)
+
+
+def add_event_listener(listener) -> Callable[[], None]:
+    """Register `listener(event, **metadata)`; returns the function that removes it."""
+    from jax import monitoring
+
+    monitoring.register_event_listener(listener)
+    return functools.partial(monitoring.unregister_event_listener, listener)
+
+
+@contextlib.contextmanager
+def explain_cache_misses() -> Iterator[None]:
+    """While active, JAX logs (logger "jax", WARNING) why each tracing-cache miss happened."""
+    before = jax.config.jax_explain_cache_misses
+    jax.config.update("jax_explain_cache_misses", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_explain_cache_misses", before)
+
+
+def profile_data(xplane_path):
+    """A trace's XSpace as `jax.profiler.ProfileData` (planes > lines > events, with stats);
+    the same API in jax 0.10.2 and 0.11.2."""
+    from jax.profiler import ProfileData
+
+    return ProfileData.from_file(str(xplane_path))
