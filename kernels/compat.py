@@ -49,6 +49,8 @@ def cupti_measure():
     if getattr(profiler, "mosaic_gpu_lib", None) is None:
         return None
     return profiler.measure
+
+
 # JAX's monitoring events (jax._src.dispatch, compiler), the same names in 0.10.2 and 0.11.2:
 # one backend compile per miss of the in-memory caches (persistent-cache hits included),
 # one trace per jaxpr traced, and the persistent cache's requests and hits.
@@ -91,3 +93,45 @@ def profile_data(xplane_path):
     from jax.profiler import ProfileData
 
     return ProfileData.from_file(str(xplane_path))
+
+
+def patch_triton_interpreter() -> None:
+    """Let Triton's interpreter loop over runtime bounds with NumPy >= 2.4; idempotent.
+
+    Triton 3.6's interpreter converts a scalar tensor (data of shape (1,)) to a
+    Python int with `int(data)`, which NumPy 2.4 refuses ("only 0-dimensional
+    arrays can be converted to Python scalars"): every `range(start, end)` over
+    a runtime bound fails. Its per-launch patch of `tl.tensor` is wrapped so
+    that `__index__` goes through `.item()`.
+
+    Its `tl.dot` also multiplies bfloat16 operands as the raw uint16 bits it
+    stores them in (garbage); they are widened to float32 first, which is
+    exact, as the GPU's bf16 x bf16 -> f32 products are. Compiled kernels are
+    unaffected by either.
+    """
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "kernelperf_patched", False):
+        return
+
+    def patch_lang_tensor(tensor, scope) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    def widen(handle):
+        if handle.dtype != tl.bfloat16:
+            return handle
+        bits = handle.data.astype(np.uint32) << np.uint32(16)
+        return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
+
+    original_dot = interpreter.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return original_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    patch_lang_tensor.kernelperf_patched = True
+    interpreter._patch_lang_tensor = patch_lang_tensor
+    interpreter.InterpreterBuilder.create_dot = create_dot
