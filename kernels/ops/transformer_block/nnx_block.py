@@ -81,6 +81,22 @@ def make_block(dims: BlockDims, *, seed: int = 0, mesh: Mesh | None = None,
         return Block(dims, rngs=nnx.Rngs(seed), mesh=mesh, rules=rules, dtype=dtype)
 
 
+@nnx.jit
+def train_step(model: Block, x: jax.Array, target: jax.Array, learning_rate: float) -> jax.Array:
+    """One SGD step on the mean squared error of model(x) against `target`; returns the loss.
+
+    Sharded or not, the same function: the layout comes from the model's
+    parameters and x, and the updated parameters keep the parameters' layout.
+    """
+    def loss_fn(model: Block) -> jax.Array:
+        return jnp.mean((model(x).astype(jnp.float32) - target) ** 2)
+
+    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    params = nnx.state(model, nnx.Param)
+    nnx.update(model, jax.tree.map(lambda p, g: p - learning_rate * g, params, grads))
+    return loss
+
+
 def input_shardings(mesh: Mesh, rules: sharding.MeshRules = RULES):
     return tuple(rules.sharding(mesh, *spec.LOGICAL[name]) for name in spec.INPUT_NAMES)
 
