@@ -109,11 +109,13 @@ def test_collective_matmul_rings_instead_of_gathering(mesh):
 
 
 @needs_mesh("2x4")
-def test_unidirectional_ring_matches_reference():
+def test_bidirectional_ring_matches_reference():
+    """The registered collective matmul is the one-way ring; this is its other variant."""
     base = registry.implementation(matmul_spec.NAME, "collective")
-    config = collective.Config(bidirectional=False)
+    config = collective.Config(bidirectional=True)
+    assert config != collective.default_config()
     impl = registry.Implementation(
-        op=base.op, name="collective_unidirectional", prepare=base.prepare,
+        op=base.op, name="collective_bidirectional", prepare=base.prepare,
         fn=lambda a, b, mesh: collective.matmul(a, b, mesh, config))
     case = registry.make_case(matmul_spec.NAME, "f32", {"m": 64, "n": 32, "k": 48},
                               params={"mesh": "2x4"})

@@ -7,8 +7,11 @@ its columns of B while it passes that block to its left neighbour
 never held the gathered A (Wang et al., ASPLOS 2023, the "looped collective
 einsum"; JAX's shard_map collective-matmul notes). The transfer is issued
 before the product it overlaps, so XLA's scheduler can run both at once.
-Bidirectional: half of each block goes each way round the ring, which uses
-both directions of every link and halves the steps' transfer size.
+Bidirectional (a Config option): half of each block goes each way round the
+ring, which uses both directions of every link and halves the steps' transfer
+size, but needs two permutes in flight at once, which XLA's GPU scheduler
+limits by default (parallel collective overlap limit 1); the one-way ring is
+the default, and `python -m kernels.ops.sharded_matmul.overlap` times both.
 
 Gradients are JAX's own transpose of the shard_map: the ppermutes reverse, so
 dA comes back as a ring reduce-scatter, overlapped the same way.
@@ -30,7 +33,7 @@ from kernels.ops.sharded_matmul import spec
 class Config:
     """bidirectional: send half of each block each way round the ring."""
 
-    bidirectional: bool = True
+    bidirectional: bool = False
 
 
 def default_config(case: registry.Case | None = None) -> Config:
