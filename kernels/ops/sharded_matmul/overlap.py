@@ -7,8 +7,8 @@ For each mesh: `compute-only` is the same per-device products with A already
 gathered (no communication, the time a perfectly hidden all-gather leaves);
 `collective` and `collective-bidir` are the ring collective matmul (one-way
 ring, the registered default, and the bidirectional ring); `xla` is
-jnp.matmul partitioned by XLA from the same layouts. `1 device` is the whole product on one device. Timing is the
-host clock around back-to-back calls ending in block_until_ready (medians of
+jnp.matmul partitioned by XLA from the same layouts. `1 device` is the whole
+product on one device. Timing is the host clock around back-to-back calls ending in block_until_ready (medians of
 repeats): per call these products take milliseconds, where dispatch overhead is
 a few percent (device/NOTES.md), and wall time is what counts when transfers
 and products overlap on different streams. `hidden` = compute-only time /
