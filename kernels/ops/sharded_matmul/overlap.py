@@ -8,16 +8,19 @@ gathered (no communication, the time a perfectly hidden all-gather leaves);
 `collective` and `collective-bidir` are the ring collective matmul (one-way
 ring, the registered default, and the bidirectional ring); `xla` is
 jnp.matmul partitioned by XLA from the same layouts. `1 device` is the whole
-product on one device. Timing is the host clock around back-to-back calls ending in block_until_ready (medians of
-repeats): per call these products take milliseconds, where dispatch overhead is
-a few percent (device/NOTES.md), and wall time is what counts when transfers
-and products overlap on different streams. `hidden` = compute-only time /
-variant time (1.0: communication fully hidden; goal >= 0.9). `GB/s/dev` is
-the bytes each device receives in the all-gather of A divided by the
-variant's time (a floor on the link rate achieved while overlapping), beside
-the all-gather bandwidth measured alone (`kernels.sharding`). `overlap` reads
-the compiled HLO: per asynchronous collective-permute, how many matrix
-products were scheduled between its start and its done.
+product on one device.
+
+Timing is the host clock around back-to-back calls ending in
+block_until_ready (medians of repeats): these products take milliseconds per
+call, where dispatch overhead is a few percent (device/NOTES.md), and wall
+time is what counts when transfers and products overlap on different streams.
+`hidden` = compute-only time / variant time (1.0: communication fully hidden;
+goal >= 0.9). `GB/s/dev` is the bytes each device receives in the all-gather
+of A divided by the variant's time (a floor on the link rate achieved while
+overlapping), beside the all-gather bandwidth measured alone
+(`kernels.sharding`). `overlap` reads the compiled HLO: per asynchronous
+collective-permute, how many matrix products were scheduled between its start
+and its done.
 """
 
 from __future__ import annotations
