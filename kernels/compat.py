@@ -135,3 +135,20 @@ def patch_triton_interpreter() -> None:
     patch_lang_tensor.kernelperf_patched = True
     interpreter._patch_lang_tensor = patch_lang_tensor
     interpreter.InterpreterBuilder.create_dot = create_dot
+
+
+def make_mesh(shape, axis_names, devices=None):
+    """`jax.make_mesh` with Auto axes (the compiler propagates shardings), on a device subset.
+
+    Auto is spelled out because newer JAX releases change the default axis type.
+    """
+    from jax.sharding import AxisType
+
+    return jax.make_mesh(tuple(shape), tuple(axis_names),
+                         axis_types=(AxisType.Auto,) * len(axis_names), devices=devices)
+
+
+def shard_map(f, *, mesh, in_specs, out_specs, check_vma: bool = True):
+    """`jax.shard_map` (top-level since jax 0.7; both supported versions have it)."""
+    return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                         check_vma=check_vma)
