@@ -10,6 +10,7 @@ BASE ?= main
 
 .PHONY: install test lint pytest test-gpu cuda list bench bench-compare dashboard clean \
 	roofline plot-roofline verify-timing ceilings
+.PHONY: xprof-serve xprof-list download-traces xprof-tunnel
 
 install: $(VENV)/.installed
 
@@ -75,6 +76,30 @@ verify-timing:
 
 ceilings:
 	$(PY) -m kernels ceilings
+# XProf traces (python -m kernels profile ...) live in $(TRACES)/<date>/<name>/.
+TRACES ?= traces
+XPROF_PORT ?= 8791
+# The checkout on a remote GPU host, relative to its home (for download-traces).
+REMOTE_DIR ?= kernelperf
+SSH_KEY = $(if $(k),-i $(k))
+
+# XProf's web UI over every trace here (`pip install xprof`): http://localhost:8791
+xprof-serve:
+	xprof --logdir=$(TRACES) --port=$(XPROF_PORT)
+
+xprof-list:
+	@find $(TRACES) -name '*.xplane.pb' -printf '%TY-%Tm-%Td %TH:%TM  %8s B  %p\n' 2>/dev/null | sort
+
+# Copy a remote host's traces here: make download-traces h=user@host k=~/.ssh/key
+download-traces:
+	$(if $(h),,$(error h=<host> is required, e.g. make download-traces h=user@gpu-box k=~/.ssh/id))
+	mkdir -p $(TRACES)
+	rsync -az --info=stats1 -e "ssh $(SSH_KEY)" $(h):$(REMOTE_DIR)/$(TRACES)/ $(TRACES)/
+
+# XProf running on a remote host (make xprof-serve there), opened here on the same port.
+xprof-tunnel:
+	$(if $(h),,$(error h=<host> is required, e.g. make xprof-tunnel h=user@gpu-box k=~/.ssh/id))
+	ssh $(SSH_KEY) -N -L $(XPROF_PORT):localhost:$(XPROF_PORT) $(h)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info .asv

@@ -1,0 +1,250 @@
+"""Sharded operations beyond output comparison: layouts and collectives in the compiled HLO,
+the NNX training step sharded against unsharded, and several processes through
+jax.distributed. Output and gradient comparisons are the generated tests in
+test_kernels.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernels import checking, registry, sharding
+from kernels.ops.moe import expert_parallel
+from kernels.ops.moe import spec as moe_spec
+from kernels.ops.sharded_matmul import collective, xla
+from kernels.ops.sharded_matmul import spec as matmul_spec
+from kernels.ops.sharded_vmap import spec as vmap_spec
+from kernels.ops.sharded_vmap import vmap
+
+CPU_MESHES = ("8x1", "4x2", "2x4")
+COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
+
+
+def needs_mesh(mesh: str):
+    reason = sharding.unavailable_reason(mesh)
+    return pytest.mark.skipif(reason is not None, reason=reason or "")
+
+
+def collectives_in(compiled_text: str) -> set[str]:
+    """Collective ops in an HLO module's text (`all-gather-start` counts as all-gather)."""
+    return {name for name in COLLECTIVES if re.search(rf"\b{name}(-start)?\(", compiled_text)}
+
+
+def placed(op_name: str, impl_name: str, mesh: str, dims: dict[str, int], **params):
+    """(implementation, case, placed inputs) for a small case of `op_name` on `mesh`."""
+    op = registry.operation(op_name)
+    impl = registry.implementation(op_name, impl_name)
+    case = registry.make_case(op_name, "f32", dims, params={**params, "mesh": mesh})
+    inputs = checking.make_inputs(op, case, 0, "normal")
+    return impl, case, impl.place(case, tuple(jnp.asarray(x) for x in inputs))
+
+
+# -- MeshRules and meshes ----------------------------------------------------------------------
+
+def test_mesh_rules_map_logical_axes():
+    rules = sharding.MeshRules(embed=None, mlp="model", batch=("data", "model"))
+    assert rules.spec("batch", None, "mlp") == jax.sharding.PartitionSpec(
+        ("data", "model"), None, "model")
+    assert dict(rules.as_pairs())["expert"] == "data"
+    with pytest.raises(ValueError, match=r"MeshRules.mlp: expected mesh axes .* got 'tensor'"):
+        sharding.MeshRules(mlp="tensor")
+    with pytest.raises(ValueError, match=r"logical axis: expected one of .* got 'vocab'"):
+        rules.spec("vocab")
+
+
+@pytest.mark.parametrize("shape", ["4by2", "0x8", "2x2x2"])
+def test_mesh_shape_errors(shape):
+    with pytest.raises(ValueError, match="mesh: expected 'DATAxMODEL'"):
+        sharding.parse_mesh_shape(shape)
+
+
+@pytest.mark.parametrize("mesh", CPU_MESHES)
+def test_make_mesh_shapes(mesh):
+    if sharding.unavailable_reason(mesh):
+        pytest.skip(sharding.unavailable_reason(mesh))
+    made = sharding.make_mesh(mesh)
+    assert tuple(made.shape.values()) == sharding.parse_mesh_shape(mesh)
+    assert made.axis_names == sharding.MESH_AXES
+    assert len(set(made.devices.flat)) == sharding.mesh_size(mesh)
+
+
+def test_too_large_mesh_is_refused_with_reason():
+    too_many = f"{jax.device_count() + 1}x1"
+    with pytest.raises(ValueError, match=rf"needs {jax.device_count() + 1} devices"):
+        sharding.make_mesh(too_many)
+
+
+@needs_mesh("8x1")
+def test_interconnect_bandwidth_counts_received_bytes():
+    result = sharding.interconnect_bandwidth(message_bytes=2**20, repeats=3)
+    assert result.devices == jax.device_count()
+    assert result.message_bytes == 2**20
+    expected = result.message_bytes * (result.devices - 1) / result.devices / result.seconds
+    assert result.bytes_per_second == pytest.approx(expected)
+
+
+# -- sharded matmul ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mesh", ["4x2", "2x4"])
+def test_collective_matmul_rings_instead_of_gathering(mesh):
+    if sharding.unavailable_reason(mesh):
+        pytest.skip(sharding.unavailable_reason(mesh))
+    _, _, (a, b) = placed(matmul_spec.NAME, "collective", mesh, {"m": 64, "n": 32, "k": 48})
+    fn = collective.collective(mesh)
+    found = collectives_in(fn.lower(a, b).compile().as_text())
+    assert found == {"collective-permute"}, found
+    out = fn(a, b)
+    assert out.sharding.is_equivalent_to(
+        jax.sharding.NamedSharding(sharding.make_mesh(mesh), matmul_spec.C_SPEC), out.ndim)
+    baseline = xla.partitioned(mesh)(a, b)
+    assert baseline.sharding.is_equivalent_to(out.sharding, out.ndim)
+
+
+@needs_mesh("2x4")
+def test_bidirectional_ring_matches_reference():
+    """The registered collective matmul is the one-way ring; this is its other variant."""
+    base = registry.implementation(matmul_spec.NAME, "collective")
+    config = collective.Config(bidirectional=True)
+    assert config != collective.default_config()
+    impl = registry.Implementation(
+        op=base.op, name="collective_bidirectional", prepare=base.prepare,
+        fn=lambda a, b, mesh: collective.matmul(a, b, mesh, config))
+    case = registry.make_case(matmul_spec.NAME, "f32", {"m": 64, "n": 32, "k": 48},
+                              params={"mesh": "2x4"})
+    assert len(checking.check(impl, case)) == 3  # output, da, db
+
+
+# -- MoE ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", registry.operation(moe_spec.NAME).cases_tagged("cpu"),
+                         ids=lambda c: c.id)
+def test_moe_cases_drop_some_tokens(case):
+    """The CPU cases exercise dropping: some (token, choice) pairs overflow capacity."""
+    op = registry.operation(moe_spec.NAME)
+    x, router, _, _ = checking.make_inputs(op, case, 0, "normal")
+    p = case.kwargs
+    slots = moe_spec.capacity(case["group_size"], case["experts"], p["top_k"],
+                              p["capacity_factor"])
+    route = jax.jit(moe_spec.route, static_argnums=(2, 3))
+    dispatch, _ = route(jnp.asarray(x), jnp.asarray(router), p["top_k"], slots)
+    routed = float(dispatch.sum())
+    assert 0 < routed < x.shape[0] * x.shape[1] * p["top_k"]
+    # Each slot holds at most one token.
+    assert float(dispatch.sum(axis=1).max()) == 1.0
+
+
+@pytest.mark.parametrize("mesh", ["4x2", "2x4"])
+def test_moe_dispatches_by_all_to_all(mesh):
+    if sharding.unavailable_reason(mesh):
+        pytest.skip(sharding.unavailable_reason(mesh))
+    dims = {"groups": 8, "group_size": 16, "embed": 8, "mlp": 16, "experts": 8}
+    _, _, args = placed(moe_spec.NAME, "expert_parallel", mesh, dims, top_k=2,
+                              capacity_factor=1.0)
+    slots = moe_spec.capacity(16, 8, 2, 1.0)
+    text = expert_parallel.sharded_moe(mesh, 2, slots).lower(*args).compile().as_text()
+    assert {"all-to-all", "all-reduce"} <= collectives_in(text)
+    assert "all-gather" not in collectives_in(text)
+
+
+# -- sharded vmap ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mesh", CPU_MESHES)
+def test_vmap_keeps_the_batch_sharded(mesh):
+    if sharding.unavailable_reason(mesh):
+        pytest.skip(sharding.unavailable_reason(mesh))
+    _, _, (x, w) = placed(vmap_spec.NAME, "vmap", mesh,
+                          {"batch": 16, "rows": 8, "d_in": 16, "d_out": 32})
+    fn = vmap.batched(mesh)
+    out = fn(x, w)
+    expected = jax.sharding.NamedSharding(sharding.make_mesh(mesh), vmap_spec.OUT_SPEC)
+    assert out.sharding.is_equivalent_to(expected, out.ndim), out.sharding
+    # Forward: every device computes its block alone.
+    assert collectives_in(fn.lower(x, w).compile().as_text()) == set()
+    # Backward: gradients are reduced (dw over data, dx over model), never gathered.
+    grad = jax.jit(jax.grad(lambda x, w: jnp.sum(fn(x, w) ** 2), argnums=(0, 1)))
+    found = collectives_in(grad.lower(x, w).compile().as_text())
+    assert "all-gather" not in found and "all-to-all" not in found, found
+
+
+# -- NNX model ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mesh", CPU_MESHES)
+def test_nnx_train_step_sharded_matches_unsharded(mesh):
+    pytest.importorskip("flax", reason="needs flax (the NNX model)")
+    if sharding.unavailable_reason(mesh):
+        pytest.skip(sharding.unavailable_reason(mesh))
+    from kernels.ops.transformer_block import nnx_block
+
+    dims = nnx_block.BlockDims(embed=16, heads=4, head_dim=4, mlp=32)
+    layout = sharding.make_mesh(mesh)
+    sharded = nnx_block.make_block(dims, seed=3, mesh=layout)
+    plain = nnx_block.make_block(dims, seed=3)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 8, 16), dtype=np.float32)
+    target = rng.standard_normal((8, 8, 16), dtype=np.float32)
+    x_sharded = jax.device_put(x, nnx_block.RULES.sharding(layout, "batch", None, "embed"))
+
+    for step in range(2):
+        loss_sharded = nnx_block.train_step(sharded, x_sharded, target, 0.5)
+        loss_plain = nnx_block.train_step(plain, jnp.asarray(x), target, 0.5)
+        checking.compare(np.asarray(loss_sharded).reshape(1), np.asarray(loss_plain).reshape(1),
+                         tolerance=1e-5, name=f"loss, step {step}")
+    from kernels.ops.transformer_block import spec as block_spec
+
+    for name, logical in block_spec.LOGICAL.items():
+        if name == "x":
+            continue
+        param = getattr(sharded, name)[...]
+        before = getattr(nnx_block.make_block(dims, seed=3), name)[...]
+        checking.compare(np.asarray(param), np.asarray(getattr(plain, name)[...]),
+                         tolerance=1e-5, name=f"{name} after 2 steps")
+        assert not np.allclose(np.asarray(param), np.asarray(before)), f"{name} did not move"
+        expected = nnx_block.RULES.sharding(layout, *logical)
+        assert param.sharding.is_equivalent_to(expected, param.ndim), (name, param.sharding)
+
+
+# -- several processes -------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu",
+                    reason="spawns CPU processes with forced host devices; GPU hosts run "
+                           "`python -m kernels.distributed` per host (README)")
+def test_two_processes_through_jax_distributed():
+    """Two processes with 4 host devices each form one 8-device mesh (2x4 and 1x8)."""
+    port = _free_port()
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    procs = [subprocess.Popen([sys.executable, "-m", "kernels.distributed",
+                               "--coordinator", f"localhost:{port}", "--num-processes", "2",
+                               "--process-id", str(i)], env=env, cwd=root,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=240)[0])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    for i, (proc, output) in enumerate(zip(procs, outputs, strict=True)):
+        assert proc.returncode == 0, f"process {i} exited {proc.returncode}:\n{output[-3000:]}"
+        for mesh in ("2x4", "1x8"):
+            for impl in ("collective", "xla"):
+                assert (f"process {i}/2: sharded_matmul-{impl} mesh {mesh} over 8 devices: "
+                        f"4 local shards") in output, output[-3000:]

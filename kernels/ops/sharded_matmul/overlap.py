@@ -1,0 +1,182 @@
+"""How much of the collective matmul's communication is hidden: compute-only vs collective vs
+XLA-partitioned, with scaling against one device and achieved interconnect bandwidth.
+
+    python -m kernels.ops.sharded_matmul.overlap [--m 16384 --n 8192 --k 8192] [--mesh 1x2 ...]
+
+For each mesh: `compute-only` is the same per-device products with A already
+gathered (no communication, the time a perfectly hidden all-gather leaves);
+`collective` and `collective-bidir` are the ring collective matmul (one-way
+ring, the registered default, and the bidirectional ring); `xla` is
+jnp.matmul partitioned by XLA from the same layouts. `1 device` is the whole
+product on one device.
+
+Timing is the host clock around back-to-back calls ending in
+block_until_ready (medians of repeats): these products take milliseconds per
+call, where dispatch overhead is a few percent (device/NOTES.md), and wall
+time is what counts when transfers and products overlap on different streams.
+`hidden` = compute-only time / variant time (1.0: communication fully hidden;
+goal >= 0.9). `GB/s/dev` is the bytes each device receives in the all-gather
+of A divided by the variant's time (a floor on the link rate achieved while
+overlapping), beside the all-gather bandwidth measured alone
+(`kernels.sharding`). `overlap` reads the compiled HLO: per asynchronous
+collective-permute, how many matrix products were scheduled between its start
+and its done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import sys
+import time
+
+from kernels import environment
+
+# XLA's GPU scheduler that moves asynchronous collectives' starts early and
+# their dones late, around independent work.
+LATENCY_HIDING = "--xla_gpu_enable_latency_hiding_scheduler=true"
+
+
+def host_time(fn, *args, repeats: int = 10, calls: int = 10) -> float:
+    """Median seconds per call: `calls` back-to-back dispatches per sample, then a wait."""
+    import jax
+
+    jax.block_until_ready(fn(*args))  # compile and warm up outside the timed region
+    jax.block_until_ready(fn(*args))
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - start) / calls)
+    return statistics.median(samples)
+
+
+def products_between_permutes(hlo: str) -> list[int]:
+    """For each collective-permute-start in scheduled HLO, the matmuls before its done."""
+    lines = hlo.splitlines()
+    counts = []
+    for i, line in enumerate(lines):
+        match = re.search(r"(%\S+) = .*collective-permute-start\(", line)
+        if not match:
+            continue
+        name = match.group(1)
+        products = 0
+        for later in lines[i + 1:]:
+            if "collective-permute-done(" in later and name in later:
+                break
+            if re.search(r"gemm|\bdot\(|convolution\(", later):
+                products += 1
+        counts.append(products)
+    return counts
+
+
+def run(m: int, n: int, k: int, meshes: list[str], dtype: str, repeats: int) -> list[dict]:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from kernels import dtypes, sharding
+    from kernels.ops.sharded_matmul import collective, spec, xla
+
+    np_dtype = dtypes.to_numpy(dtype)
+    rng = np.random.default_rng(0)
+    a = (rng.standard_normal((m, k), dtype=np.float32) / np.sqrt(k)).astype(np_dtype)
+    b = rng.standard_normal((k, n), dtype=np.float32).astype(np_dtype)
+    flops = 2.0 * m * n * k
+    itemsize = np_dtype.itemsize
+
+    one = jax.devices()[0]
+    single = jax.jit(jnp.matmul)
+    t_one = host_time(single, jax.device_put(a, one), jax.device_put(b, one), repeats=repeats)
+    rows = [dict(mesh="1 device", variant="jnp.matmul", seconds=t_one, flops=flops,
+                 speedup=1.0, hidden=None, gbps=None, overlap="")]
+    for mesh_shape in meshes:
+        reason = sharding.unavailable_reason(mesh_shape)
+        if reason:
+            print(f"skipping mesh {mesh_shape}: {reason}", file=sys.stderr)
+            continue
+        data, model = sharding.parse_mesh_shape(mesh_shape)
+        mesh = sharding.make_mesh(mesh_shape)
+        a_sharded = sharding.place(a, mesh, spec.A_SPEC)
+        a_gathered = sharding.place(a, mesh, PartitionSpec(sharding.DATA, None))
+        b_sharded = sharding.place(b, mesh, spec.B_SPEC)
+        # Bytes each device receives in the all-gather of its data row's A.
+        received = (model - 1) * (m // data // model) * k * itemsize
+        variants = [
+            ("compute-only", collective.compute_only(mesh_shape), a_gathered),
+            ("collective", collective.collective(mesh_shape, collective.Config()), a_sharded),
+            ("collective-bidir",
+             collective.collective(mesh_shape, collective.Config(bidirectional=True)), a_sharded),
+            ("xla", xla.partitioned(mesh_shape), a_sharded),
+        ]
+        t_compute = None
+        for name, fn, a_in in variants:
+            expected = NamedSharding(mesh, spec.C_SPEC)
+            out = fn(a_in, b_sharded)
+            if not out.sharding.is_equivalent_to(expected, 2):
+                raise AssertionError(f"{name} on {mesh_shape}: output sharding {out.sharding}, "
+                                     f"expected {expected}")
+            seconds = host_time(fn, a_in, b_sharded, repeats=repeats)
+            t_compute = seconds if name == "compute-only" else t_compute
+            counts = products_between_permutes(fn.lower(a_in, b_sharded).compile().as_text())
+            rows.append(dict(
+                mesh=mesh_shape, variant=name, seconds=seconds, flops=flops,
+                speedup=t_one / seconds, hidden=t_compute / seconds,
+                gbps=received / seconds / 1e9 if name != "compute-only" and model > 1 else None,
+                overlap=",".join(map(str, counts))))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kernels.ops.sharded_matmul.overlap",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--m", type=int, default=16384)
+    parser.add_argument("--n", type=int, default=8192)
+    parser.add_argument("--k", type=int, default=8192)
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
+    parser.add_argument("--mesh", action="append",
+                        help="DATAxMODEL, repeatable (default: 1xN and 2x(N/2) for N = 2, 4, "
+                             "... up to the device count)")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--latency-hiding", action="store_true",
+                        help=f"add {LATENCY_HIDING} to XLA_FLAGS (before JAX starts)")
+    args = parser.parse_args(argv)
+    environment.configure()
+    if args.latency_hiding:
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {LATENCY_HIDING}".strip()
+    import jax
+
+    from kernels import sharding
+
+    count = jax.device_count()
+    meshes = args.mesh or [shape for n in (2, 4, 8) if n <= count
+                           for shape in ([f"1x{n}"] + ([f"2x{n // 2}"] if n >= 4 else []))]
+    device = jax.devices()[0]
+    print(f"{count} x {device.device_kind} ({device.platform}), jax {jax.__version__}; "
+          f"{args.dtype} ({args.m}, {args.k}) @ ({args.k}, {args.n}); timer: host clock, "
+          f"block_until_ready, median of {args.repeats} x 10 calls; "
+          f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
+    for n in sorted({sharding.mesh_size(s) for s in meshes} - {1}):
+        bw = sharding.interconnect_bandwidth(n)
+        print(f"all-gather alone over {n} devices: {bw.bytes_per_second / 1e9:.1f} GB/s received "
+              f"per device ({bw.message_bytes / 2**20:.0f} MiB gathered, {bw.timer})")
+    rows = run(args.m, args.n, args.k, meshes, args.dtype, args.repeats)
+    print(f"{'mesh':>9} {'variant':>18} {'ms':>8} {'TFLOP/s':>8} {'vs 1 dev':>8} "
+          f"{'hidden':>7} {'GB/s/dev':>9}  overlap (products per permute)")
+    for row in rows:
+        hidden = f"{row['hidden']:.3f}" if row["hidden"] is not None else "-"
+        gbps = f"{row['gbps']:.1f}" if row["gbps"] is not None else "-"
+        print(f"{row['mesh']:>9} {row['variant']:>18} {row['seconds'] * 1e3:8.3f} "
+              f"{row['flops'] / row['seconds'] / 1e12:8.1f} {row['speedup']:8.2f}x "
+              f"{hidden:>7} {gbps:>9}  {row['overlap']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""jax.vmap of a per-example function over a batch sharded across devices."""

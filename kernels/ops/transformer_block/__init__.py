@@ -1,0 +1,1 @@
+"""A pre-norm transformer block (attention + GELU MLP), sharded by logical-axis rules."""
