@@ -127,8 +127,11 @@ def measure_isolated(impl: registry.Implementation, case: registry.Case,
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     # Allocate on demand: this process may already hold most of the device (JAX preallocates).
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-    result = subprocess.run([sys.executable, "-m", "kernels.memory", impl.op, impl.name, case.id,
-                             direction], capture_output=True, text=True, env=env, check=False)
+    described = json.dumps({"dtype": case.dtype, "dims": case.dims, "params": case.params,
+                            "variant": case.variant})
+    result = subprocess.run([sys.executable, "-m", "kernels.memory", impl.op, impl.name,
+                             described, direction], capture_output=True, text=True, env=env,
+                            check=False)
     if result.returncode != 0:
         raise RuntimeError(f"measuring {impl.id} {case.id} {direction} in a subprocess failed "
                            f"(exit {result.returncode}):\n{result.stderr[-4000:]}")
@@ -148,11 +151,14 @@ def human(size: int | None) -> str:
 
 
 if __name__ == "__main__":
-    # python -m kernels.memory OP IMPL CASE DIRECTION: one measurement, as JSON on the last line.
+    # python -m kernels.memory OP IMPL CASE_JSON DIRECTION: one measurement, JSON on the last
+    # line. The case travels as JSON: it need not be one of the operation's declared cases.
     from kernels import environment
 
     environment.configure()
-    op_name, impl_name, case_id, direction_name = sys.argv[1:5]
-    chosen = next(c for c in registry.operation(op_name).cases if c.id == case_id)
+    op_name, impl_name, case_json, direction_name = sys.argv[1:5]
+    fields = json.loads(case_json)
+    chosen = registry.make_case(op_name, fields["dtype"], dict(fields["dims"]),
+                                params=dict(fields["params"]), variant=fields["variant"])
     use = measure(registry.implementation(op_name, impl_name), chosen, direction_name)
     print(json.dumps(dataclasses.asdict(use)))
