@@ -34,7 +34,7 @@ DYNAMIC_SHAPE_OPS = ("set-dimension-size", "get-dimension-size")
 DYNAMIC_SHAPE_CUSTOM_CALLS = ("SliceToDynamic", "PadToStatic")
 # Attributes through which one computation runs another as kernels (not fused into one).
 _CALLED_ATTRIBUTES = ("body", "condition", "branch_computations", "true_computation",
-                      "false_computation", "calls", "to_apply", "async_execution_thread")
+                      "false_computation", "calls", "to_apply")
 _KERNEL_LAUNCHING_OPS = ("while", "conditional", "call", "async-start", "async-update",
                          "async-done")
 
@@ -166,7 +166,8 @@ def parse(text: str) -> Module:
             continue
         match = _INSTRUCTION.match(raw)
         if match:
-            line = _METADATA.sub("", raw).strip()
+            # Metadata and backend configs (JSON, long on GPU) would bury the op in a message.
+            line = _METADATA.sub("", raw).split(", backend_config=")[0].strip()
             computations[current].append(Instruction(match.group(1), match.group(3),
                                                      match.group(2), line, current))
     if not entry:
