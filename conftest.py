@@ -21,6 +21,9 @@ import pytest  # noqa: E402
 
 from kernels import devices, registry  # noqa: E402
 
+# The persistent compilation cache for the run, and its hit rate in the summary.
+pytest_plugins = ("kernels.compilation_cache_plugin",)
+
 
 @dataclasses.dataclass(frozen=True)
 class KernelItem:

@@ -98,12 +98,16 @@ def test_planted_fusion_break_fails_with_the_hlo_lines():
     report = hlo.check(impl, case, fn=_row_by_row)
     message = str(report)
     assert not report.ok
-    low, high = impl.hlo.for_platform(hlo.platform()).fusion_range
-    assert f"fusions: expected {low} to {high}, got {report.fusions}" in message
+    low, high = impl.hlo.for_platform(hlo.platform()).fusion_range(case)
+    expected = str(low) if low == high else f"{low} to {high}"
+    assert f"fusions: expected {expected}, got {report.fusions}" in message
     # The kernels are quoted as HLO lines, naming the computation they sit in.
     assert " fusion(" in message and "kind=" in message
 
 
+@pytest.mark.skipif(devices.this_machine().has_gpu,
+                    reason="XLA:GPU folds these transposes into its softmax fusion (one fusion, "
+                           "no copy: seen on an H100, jax 0.11.2), so there is nothing to catch")
 def test_planted_transpose_fails_naming_the_copies():
     impl, case = _softmax()
     message = str(hlo.check(impl, case, fn=_transposed))
@@ -152,7 +156,8 @@ def test_planted_static_argument_fails_naming_it():
     report = recompilation.check(impl, case, fn=data_dependent, directions=("fwd",))
     assert not report.ok
     message = str(report)
-    assert "caused by: [1]['scale'] of _static_scale" in message, message
+    # Named by comparing the arguments the retraced function was called with.
+    assert "caused by: scale of _static_scale" in message, message
 
 
 def test_planted_new_function_per_call_fails():

@@ -34,7 +34,7 @@ DYNAMIC_SHAPE_OPS = ("set-dimension-size", "get-dimension-size")
 DYNAMIC_SHAPE_CUSTOM_CALLS = ("SliceToDynamic", "PadToStatic")
 # Attributes through which one computation runs another as kernels (not fused into one).
 _CALLED_ATTRIBUTES = ("body", "condition", "branch_computations", "true_computation",
-                      "false_computation", "calls", "to_apply", "async_execution_thread")
+                      "false_computation", "calls", "to_apply")
 _KERNEL_LAUNCHING_OPS = ("while", "conditional", "call", "async-start", "async-update",
                          "async-done")
 
@@ -43,7 +43,8 @@ _KERNEL_LAUNCHING_OPS = ("while", "conditional", "call", "async-start", "async-u
 class HloRules:
     """What the compiled forward must look like on one platform.
 
-    fusions: exact count, or an inclusive (min, max) range, of fusion kernels;
+    fusions: exact count, or an inclusive (min, max) range, of fusion kernels, or a
+        function of the case returning one (XLA's choices can depend on the shape);
         None: not checked.
     custom_calls: glob patterns (e.g. "__gpu$xla.gpu.triton"); every custom
         call must match one and every pattern must be matched; () forbids custom
@@ -53,23 +54,31 @@ class HloRules:
     static_shapes: no dynamic dimensions (`f32[<=8]`) or dynamic-shape ops.
     """
 
-    fusions: int | tuple[int, int] | None = None
+    fusions: int | tuple[int, int] | Callable[[registry.Case], int | tuple[int, int]] | None \
+        = None
     custom_calls: tuple[str, ...] | None = None
     forbidden: tuple[str, ...] = ("copy", "transpose")
     static_shapes: bool = True
 
     def __post_init__(self) -> None:
-        low, high = self.fusion_range if self.fusions is not None else (0, 0)
-        if not 0 <= low <= high:
-            raise ValueError(f"fusions: expected a count or (min, max) with 0 <= min <= max, "
-                             f"got {self.fusions!r}")
+        if self.fusions is not None and not callable(self.fusions):
+            _range(self.fusions)
 
-    @property
-    def fusion_range(self) -> tuple[int, int]:
-        if isinstance(self.fusions, int):
-            return self.fusions, self.fusions
-        low, high = self.fusions
-        return low, high
+    def fusion_range(self, case: registry.Case | None = None) -> tuple[int, int]:
+        """(min, max) fusions allowed, for `case` where the rule depends on it."""
+        if callable(self.fusions):
+            if case is None:
+                raise ValueError("case: expected a case, this rule depends on it; got None")
+            return _range(self.fusions(case))
+        return _range(self.fusions)
+
+
+def _range(fusions: int | tuple[int, int]) -> tuple[int, int]:
+    low, high = (fusions, fusions) if isinstance(fusions, int) else fusions
+    if not 0 <= low <= high:
+        raise ValueError(f"fusions: expected a count or (min, max) with 0 <= min <= max, "
+                         f"got {fusions!r}")
+    return low, high
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -157,7 +166,8 @@ def parse(text: str) -> Module:
             continue
         match = _INSTRUCTION.match(raw)
         if match:
-            line = _METADATA.sub("", raw).strip()
+            # Metadata and backend configs (JSON, long on GPU) would bury the op in a message.
+            line = _METADATA.sub("", raw).split(", backend_config=")[0].strip()
             computations[current].append(Instruction(match.group(1), match.group(3),
                                                      match.group(2), line, current))
     if not entry:
@@ -216,8 +226,9 @@ def _lines(instructions: list[Instruction], limit: int = 12) -> str:
     return "\n".join(shown)
 
 
-def check_text(text: str, rules: HloRules, *, label: str, platform: str) -> Report:
-    """Apply `rules` to optimized HLO `text`; failures quote the offending lines."""
+def check_text(text: str, rules: HloRules, *, label: str, platform: str,
+               case: registry.Case | None = None) -> Report:
+    """Apply `rules` (for `case`) to optimized HLO `text`; failures quote the offending lines."""
     module = parse(text)
     kernels = module.kernel_level()
     fusions = [i for i in kernels if i.opcode == "fusion"]
@@ -226,7 +237,7 @@ def check_text(text: str, rules: HloRules, *, label: str, platform: str) -> Repo
     failures = []
 
     if rules.fusions is not None:
-        low, high = rules.fusion_range
+        low, high = rules.fusion_range(case)
         if not low <= len(fusions) <= high:
             expected = str(low) if low == high else f"{low} to {high}"
             failures.append(f"  fusions: expected {expected}, got {len(fusions)}; the kernels:\n"
@@ -312,7 +323,7 @@ def check(impl: registry.Implementation, case: registry.Case,
     if rules is None:
         return None
     text = compiled_text(fn or impl.fn, case_arguments(impl, case), case.kwargs)
-    return check_text(text, rules, label=f"{impl.id} {case.id} fwd", platform=where)
+    return check_text(text, rules, label=f"{impl.id} {case.id} fwd", platform=where, case=case)
 
 
 def expectations() -> Iterator[registry.Implementation]:

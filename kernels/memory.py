@@ -8,7 +8,8 @@ of a commit and is what asv tracks (`track_peak_memory`).
 Live peak (GPU only): the allocator's high-water mark (`device.memory_stats()
 ["peak_bytes_in_use"]`) over placing the inputs and one call, less the bytes in
 use before. JAX cannot reset that mark, so it only counts when the call raises
-it; `measure_isolated` runs each measurement in a fresh process to make sure.
+it (and compiling, which autotunes in device memory, counts too): `measure_isolated`
+runs each measurement in a fresh process to make sure.
 
 "bwd" is one program: the forward and the vector-Jacobian product with a given
 cotangent, so what the forward keeps for the backward (or rematerialises) shows.
@@ -98,17 +99,18 @@ def measure(impl: registry.Implementation, case: registry.Case, direction: str =
 
     device = jax.devices()[0]
     gc.collect()
-    before = _bytes_in_use(device)
+    start = _bytes_in_use(device)
     fn, args = program(impl, case, direction)
     compiled = jax.jit(fn).lower(*args).compile()
     analysis = compiled.memory_analysis()
     live_peak = None
-    if before is not None and (live is None or live):
+    if start is not None and (live is None or live):
+        # Compiling (autotuning) allocates too: the run must raise the mark above that.
+        _, peak_compiled = _bytes_in_use(device)
         jax.block_until_ready(compiled(*args))
-        in_use_before, peak_before = before
-        _, peak_after = _bytes_in_use(device)
-        if peak_after > peak_before:  # otherwise an earlier, larger peak hides this one
-            live_peak = peak_after - in_use_before
+        _, peak_run = _bytes_in_use(device)
+        if peak_run > peak_compiled:
+            live_peak = peak_run - start[0]
     return MemoryUse(impl=impl.id, case=case.id, direction=direction,
                      argument_bytes=int(analysis.argument_size_in_bytes),
                      output_bytes=int(analysis.output_size_in_bytes),
@@ -123,8 +125,13 @@ def measure_isolated(impl: registry.Implementation, case: registry.Case,
     package_root = str(pathlib.Path(__file__).resolve().parent.parent)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-    result = subprocess.run([sys.executable, "-m", "kernels.memory", impl.op, impl.name, case.id,
-                             direction], capture_output=True, text=True, env=env, check=False)
+    # Allocate on demand: this process may already hold most of the device (JAX preallocates).
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    described = json.dumps({"dtype": case.dtype, "dims": case.dims, "params": case.params,
+                            "variant": case.variant})
+    result = subprocess.run([sys.executable, "-m", "kernels.memory", impl.op, impl.name,
+                             described, direction], capture_output=True, text=True, env=env,
+                            check=False)
     if result.returncode != 0:
         raise RuntimeError(f"measuring {impl.id} {case.id} {direction} in a subprocess failed "
                            f"(exit {result.returncode}):\n{result.stderr[-4000:]}")
@@ -144,11 +151,14 @@ def human(size: int | None) -> str:
 
 
 if __name__ == "__main__":
-    # python -m kernels.memory OP IMPL CASE DIRECTION: one measurement, as JSON on the last line.
+    # python -m kernels.memory OP IMPL CASE_JSON DIRECTION: one measurement, JSON on the last
+    # line. The case travels as JSON: it need not be one of the operation's declared cases.
     from kernels import environment
 
     environment.configure()
-    op_name, impl_name, case_id, direction_name = sys.argv[1:5]
-    chosen = next(c for c in registry.operation(op_name).cases if c.id == case_id)
+    op_name, impl_name, case_json, direction_name = sys.argv[1:5]
+    fields = json.loads(case_json)
+    chosen = registry.make_case(op_name, fields["dtype"], dict(fields["dims"]),
+                                params=dict(fields["params"]), variant=fields["variant"])
     use = measure(registry.implementation(op_name, impl_name), chosen, direction_name)
     print(json.dumps(dataclasses.asdict(use)))

@@ -4,11 +4,16 @@
 has one) with inputs from one seed, then with inputs from another seed of the
 same shapes and dtypes, and counts XLA backend compiles during the second
 call through JAX's monitoring events. Any compile is a failure; the report
-names the argument responsible: first by comparing the abstract signature
-(shape, dtype, weak type, sharding) of the two calls' arguments, then by
-JAX's own explanation of each tracing-cache miss (`jax_explain_cache_misses`),
-which names the jitted function and the argument path or static argument
-whose value changed.
+names the argument responsible:
+
+- the implementation's own arguments whose abstract signature (shape, dtype,
+  weak type, sharding) differs between the calls;
+- the arguments of each function JAX traced again: two more calls with new
+  values run under `sys.setprofile`, which records what the retraced Python
+  function was called with (a static argument shows its two values);
+- JAX's explanation of each tracing-cache miss (`jax_explain_cache_misses`;
+  jax 0.10.2 names the argument path, 0.11.2 cannot explain a changed static
+  keyword argument, hence the recording above).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import dataclasses
 import functools
 import logging
 import re
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -91,6 +97,7 @@ class Report:
     traces: tuple[str, ...]
     changed_arguments: tuple[str, ...]
     explanations: tuple[str, ...]
+    retraced_arguments: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -101,6 +108,7 @@ class Report:
         """Arguments named as the cause: ours whose signature changed, then those JAX's
         explanations point at (`for f defined at ...` ... `input path [1]['scale']`)."""
         names = [change.split(":")[0] for change in self.changed_arguments]
+        names += [change.split(" (")[0] for change in self.retraced_arguments]
         for text in self.explanations:
             function = re.search(r"\bfor (\S+) defined at", text)
             for path in re.findall(r"input path (\S+?),", text):
@@ -115,10 +123,11 @@ class Report:
         if self.culprits:
             lines.append(f"  caused by: {'; '.join(self.culprits)}")
         lines += [f"  argument {change}" for change in self.changed_arguments]
+        lines += [f"  retraced with {change}" for change in self.retraced_arguments]
         lines += ["  JAX: " + text.replace("\n", "\n       ") for text in self.explanations]
-        if not self.changed_arguments and not self.explanations:
-            lines.append(f"  no argument changed its signature and JAX explained no cache "
-                         f"miss; traced again: {', '.join(self.traces) or 'nothing'}")
+        if not self.culprits:
+            lines.append(f"  no argument differs between the calls (a function defined anew "
+                         f"per call?); traced again: {', '.join(self.traces) or 'nothing'}")
         return "\n".join(lines)
 
 
@@ -144,6 +153,56 @@ def _calls(fn: Callable[..., Any], kwargs: dict[str, Any],
     return calls
 
 
+def _describe(value: Any) -> str:
+    """What jit keys on: an array's (or tracer's) type, else the value."""
+    aval = getattr(value, "aval", None)
+    if aval is not None and hasattr(aval, "shape"):
+        weak = " (weak type)" if getattr(aval, "weak_type", False) else ""
+        return f"{aval.dtype}{list(aval.shape)}{weak}"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _arguments_when_traced(call: Callable[..., Any], args: tuple[Any, ...],
+                           functions: set[str]) -> dict[str, dict[str, str]]:
+    """Per Python function named in `functions`, the arguments of its first call during
+    `call(*args)` (tracing calls the function being jitted)."""
+    import jax
+
+    seen: dict[str, dict[str, str]] = {}
+
+    def profiler(frame, event, arg):
+        code = frame.f_code
+        if event == "call" and code.co_name in functions and code.co_name not in seen:
+            names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+            seen[code.co_name] = {name: _describe(frame.f_locals[name]) for name in names
+                                  if name in frame.f_locals}
+
+    previous = sys.getprofile()
+    sys.setprofile(profiler)
+    try:
+        jax.block_until_ready(call(*args))
+    finally:
+        sys.setprofile(previous)
+    return seen
+
+
+def _retraced_differences(calls: dict[str, Callable[..., Any]], inputs: list[tuple[Any, ...]],
+                          log: CompileLog) -> tuple[str, ...]:
+    """Arguments of the retraced functions that differ between two more calls."""
+    functions = set(log.traces) | {name.removeprefix("jit(").removesuffix(")")
+                                   for name in log.compiles}
+    differences = []
+    for call in calls.values():
+        before, after = (_arguments_when_traced(call, args, functions) for args in inputs)
+        for function in before.keys() & after.keys():
+            for name, value in before[function].items():
+                if after[function].get(name, value) != value:
+                    differences.append(f"{name} of {function} ({value} then "
+                                       f"{after[function][name]})")
+    return tuple(dict.fromkeys(differences))
+
+
 def check(impl: registry.Implementation, case: registry.Case,
           fn: Callable[..., Any] | None = None,
           directions: tuple[str, ...] = registry.DIRECTIONS) -> Report:
@@ -166,6 +225,11 @@ def check(impl: registry.Implementation, case: registry.Case,
     with recording() as log:
         for call in calls.values():
             jax.block_until_ready(call(*second))
+    retraced = ()
+    if log.compiles:
+        retraced = _retraced_differences(calls, [_inputs(impl, case, 2), _inputs(impl, case, 3)],
+                                         log)
     return Report(label=f"{impl.id} {case.id} ({'+'.join(calls)})",
                   compiles=tuple(log.compiles), traces=tuple(log.traces),
-                  changed_arguments=changed, explanations=tuple(log.explanations))
+                  changed_arguments=changed, explanations=tuple(log.explanations),
+                  retraced_arguments=retraced)

@@ -36,6 +36,10 @@ from kernels import environment
 
 environment.configure()
 
+from kernels import compilation_cache  # noqa: E402
+
+compilation_cache.enable()  # $KERNELPERF_COMPILATION_CACHE=off disables it
+
 from kernels import devices, fingerprint, memory, registry, timing  # noqa: E402
 from kernels.roofline import ceilings, model  # noqa: E402
 

@@ -17,8 +17,10 @@ registry.register_implementation(registry.Implementation(
     op=spec.NAME, name="xla", fn=matmul, baseline=True,
     description="jnp.matmul through XLA (cuBLAS on GPU)",
     # On GPU one cuBLAS call or one Triton GEMM fusion (XLA's autotuner picks), so the
-    # custom calls are not pinned; no operand is transposed or copied first. On CPU
-    # 16-bit operands are converted to float32 around the product (up to 4 fusions).
+    # custom calls are not pinned; for awkward shapes a split-K Triton GEMM adds a padding
+    # fusion per operand and the reduction of the partial products (4 fusions for
+    # 129x130x257 on an H100, jax 0.11.2); no operand is transposed or copied first.
+    # On CPU 16-bit operands are converted to float32 around the product (up to 4).
     hlo=HloExpectation(cpu=HloRules(fusions=(1, 4), custom_calls=()),
-                       gpu=HloRules(fusions=(0, 2))),
+                       gpu=HloRules(fusions=(0, 4))),
 ))
