@@ -56,7 +56,15 @@ def gradient_magnitude(inputs, out, d_out, *, causal: bool = False):
     dV = P^T dO; dS = P * (dP - rowsum(P * dP)) with dP = dO V^T; dQ = scale dS K;
     dK = scale dS^T Q. Each term is bounded by the same product of absolute values.
     """
+    # One batch entry at a time: each holds (heads, seq, seq) float32 arrays (1 GiB for
+    # 16 heads at seq 4096), and several are alive at once.
     q, k, v = inputs
+    parts = [_gradient_magnitude(q[i:i + 1], k[i:i + 1], v[i:i + 1], d_out[i:i + 1], causal)
+             for i in range(q.shape[0])]
+    return tuple(jnp.concatenate(grads, axis=0) for grads in zip(*parts, strict=True))
+
+
+def _gradient_magnitude(q, k, v, d_out, causal: bool):
     hi = jax.lax.Precision.HIGHEST
     p = jnp.abs(_probabilities(q, k, causal))
     dp = jnp.einsum("bqhd,bkhd->bhqk", jnp.abs(d_out), jnp.abs(v), precision=hi)

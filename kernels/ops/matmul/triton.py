@@ -75,12 +75,19 @@ def _configs() -> list[triton.Config]:
     return [c.to_triton() for c in (INTERPRETER_CONFIGS if interpreting else GPU_CONFIGS)]
 
 
+# Shared memory a config may fill with its pipelined A and B tiles (H100: 227 KiB a block).
+SHARED_MEMORY_BYTES = 200 * 1024
+
+
 def _fits(configs, named_args, **kwargs):
     """Drop tiles larger than the problem (a 128 x 256 tile for a 1-column product wastes
-    the whole launch), but keep at least the smallest config."""
+    the whole launch) or than shared memory (f32 tiles), keeping at least the smallest."""
     m, n = named_args["M"], named_args["N"]
+    itemsize = named_args["a_ptr"].element_size()
     kept = [c for c in configs if c.kwargs["BLOCK_M"] <= max(64, triton.next_power_of_2(m))
-            and c.kwargs["BLOCK_N"] <= max(64, triton.next_power_of_2(n))]
+            and c.kwargs["BLOCK_N"] <= max(64, triton.next_power_of_2(n))
+            and c.num_stages * itemsize * c.kwargs["BLOCK_K"] * (
+                c.kwargs["BLOCK_M"] + c.kwargs["BLOCK_N"]) <= SHARED_MEMORY_BYTES]
     return kept or configs[-1:]
 
 

@@ -1,0 +1,189 @@
+"""Softmax in Triton: one row per program, fused, forward and backward (torch.autograd.Function).
+
+A row that fits one block (up to `max_block` columns) is read once, reduced
+and normalised in registers and written once. A wider row is walked twice:
+first keeping a running max and sum per lane (each lane's sum rescaled by
+exp(m_old - m_new) when its max grows: Milakov & Gimelshein, "Online
+normalizer calculation for softmax", 2018), reduced across lanes at the end;
+then reading the row again to write exp(x - max) / sum. Out-of-range columns
+are masked loads (-inf) and masked stores. Arithmetic is float32.
+
+Backward: dx = y * (dy - sum(y * dy)) from the saved output, in the same
+one-block or two-pass structure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import compat, frameworks, registry
+from kernels.ops.softmax import spec
+
+compat.patch_triton_interpreter()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SoftmaxConfig:
+    """Columns per block (a power of two: Triton's aranges are) and warps per row."""
+
+    block: int
+    num_warps: int
+
+    def __post_init__(self) -> None:
+        for name in ("block", "num_warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"{name}: expected a power of two, got {value}")
+
+
+# Widest row block held in registers: 8192 float32 per row over 16 warps is 16 values a
+# thread. The interpreter gets a narrow one so the CPU cases (4097 columns) take the
+# two-pass path too.
+MAX_BLOCK = 8192
+INTERPRETER_MAX_BLOCK = 1024
+# Columns per thread we aim for when choosing warps: enough to keep loads in flight.
+COLUMNS_PER_THREAD = 16
+MAX_WARPS = 16
+
+
+def default_config(cols: int, device: torch.device) -> SoftmaxConfig:
+    widest = MAX_BLOCK if device.type == "cuda" else INTERPRETER_MAX_BLOCK
+    block = min(triton.next_power_of_2(cols), widest)
+    num_warps = max(1, min(MAX_WARPS, block // (32 * COLUMNS_PER_THREAD)))
+    return SoftmaxConfig(block=block, num_warps=num_warps)
+
+
+@triton.jit
+def softmax_forward_kernel(
+    # Inputs
+    x_ptr,
+    # Outputs
+    y_ptr,
+    cols, stride_x, stride_y,
+    BLOCK: tl.constexpr, ONE_BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_ptr += row * stride_x
+    y_ptr += row * stride_y
+    offs = tl.arange(0, BLOCK)
+    if ONE_BLOCK:
+        in_row = offs < cols
+        x = tl.load(x_ptr + offs, mask=in_row, other=float("-inf")).to(tl.float32)
+        e = tl.exp(x - tl.max(x, 0))
+        tl.store(y_ptr + offs, (e * (1.0 / tl.sum(e, 0))).to(y_ptr.dtype.element_ty), mask=in_row)
+    else:
+        m = tl.full([BLOCK], float("-inf"), tl.float32)
+        s = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, cols, BLOCK):
+            x = tl.load(x_ptr + start + offs, mask=start + offs < cols,
+                        other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m, x)
+            # A lane that has seen only -inf keeps max -inf; exp(-inf - -inf) would be NaN.
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            s = s * tl.exp(m - m_safe) + tl.exp(x - m_safe)
+            m = m_new
+        row_max = tl.max(m, 0)
+        inverse_sum = 1.0 / tl.sum(s * tl.exp(m - row_max), 0)
+        for start in range(0, cols, BLOCK):
+            in_row = start + offs < cols
+            x = tl.load(x_ptr + start + offs, mask=in_row, other=float("-inf")).to(tl.float32)
+            y = tl.exp(x - row_max) * inverse_sum
+            tl.store(y_ptr + start + offs, y.to(y_ptr.dtype.element_ty), mask=in_row)
+
+
+@triton.jit
+def softmax_backward_kernel(
+    # Inputs
+    y_ptr, dy_ptr,
+    # Outputs
+    dx_ptr,
+    cols, stride_y, stride_dy, stride_dx,
+    BLOCK: tl.constexpr, ONE_BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    y_ptr += row * stride_y
+    dy_ptr += row * stride_dy
+    dx_ptr += row * stride_dx
+    offs = tl.arange(0, BLOCK)
+    if ONE_BLOCK:
+        in_row = offs < cols
+        y = tl.load(y_ptr + offs, mask=in_row, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + offs, mask=in_row, other=0.0).to(tl.float32)
+        dx = y * (dy - tl.sum(y * dy, 0))
+        tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=in_row)
+    else:
+        acc = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, cols, BLOCK):
+            in_row = start + offs < cols
+            y = tl.load(y_ptr + start + offs, mask=in_row, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + start + offs, mask=in_row, other=0.0).to(tl.float32)
+            acc += y * dy
+        total = tl.sum(acc, 0)
+        for start in range(0, cols, BLOCK):
+            in_row = start + offs < cols
+            y = tl.load(y_ptr + start + offs, mask=in_row, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + start + offs, mask=in_row, other=0.0).to(tl.float32)
+            tl.store(dx_ptr + start + offs, (y * (dy - total)).to(dx_ptr.dtype.element_ty),
+                     mask=in_row)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x as (rows, cols) with unit column stride (a view when x is contiguous)."""
+    return x.contiguous().reshape(-1, x.shape[-1])
+
+
+class Softmax(torch.autograd.Function):
+    """y = softmax(x) over the last axis; saves y for dx = y * (dy - sum(y * dy))."""
+
+    @staticmethod
+    def forward(ctx, x, config: SoftmaxConfig):
+        x2 = _rows(x)
+        y = frameworks.torch_empty(x2.shape, x.dtype, x.device)
+        softmax_forward_kernel[(x2.shape[0],)](
+            x2, y, x2.shape[1], x2.stride(0), y.stride(0), BLOCK=config.block,
+            ONE_BLOCK=x2.shape[1] <= config.block, num_warps=config.num_warps)
+        ctx.save_for_backward(y)
+        ctx.config = config
+        return y.reshape(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        config = ctx.config
+        dy2 = _rows(dy)
+        dx = frameworks.torch_empty(y.shape, y.dtype, y.device)
+        softmax_backward_kernel[(y.shape[0],)](
+            y, dy2, dx, y.shape[1], y.stride(0), dy2.stride(0), dx.stride(0), BLOCK=config.block,
+            ONE_BLOCK=y.shape[1] <= config.block, num_warps=config.num_warps)
+        return dx.reshape(dy.shape), None
+
+
+def softmax(x: torch.Tensor, *, config: SoftmaxConfig | None = None) -> torch.Tensor:
+    """Softmax over the last axis, differentiable.
+
+    Args:
+      x: tensor of rank >= 1, bf16, f16 or f32, non-empty last axis.
+      config: block width and warps; `default_config` when None.
+    Returns:
+      A new tensor of x's shape and dtype.
+    """
+    spec.validate(x)
+    config = config or default_config(x.shape[-1], x.device)
+    if x.numel() == 0:
+        return x.clone()
+    return Softmax.apply(x, config)
+
+
+registry.register_implementation(registry.Implementation(
+    op=spec.NAME,
+    name="triton",
+    fn=softmax,
+    framework="torch",
+    requires=registry.Requirements(modules=("torch", "triton")),
+    description="Triton: one row per program, fused; online two-pass for rows wider "
+                "than one block; autograd.Function backward",
+))
