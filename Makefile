@@ -33,6 +33,15 @@ pytest: install
 test-gpu:
 	$(PYTHON) -m pytest -m gpu -n 0
 
+# On a host with several GPUs: the sharded ops, then how much communication the
+# collective matmul hides.
+.PHONY: test-multi-gpu overlap
+test-multi-gpu:
+	$(PYTHON) -m pytest -m multi_gpu -n 0
+
+overlap:
+	$(PY) -m kernels.ops.sharded_matmul.overlap
+
 list:
 	$(PY) -m kernels list
 
