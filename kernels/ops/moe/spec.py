@@ -162,9 +162,10 @@ def work(case: registry.Case, direction: str) -> registry.Work:
 
 
 def tolerance(case: registry.Case) -> float:
-    # GPUs multiply float32 in TF32 by default (10-bit mantissa), as the matmul op allows.
+    """Four chained products (dispatch, the expert's two layers, combine), each rounding its
+    inputs: GPUs multiply float32 in TF32 by default (10-bit mantissa), as the matmul op allows."""
     tf32 = 2.0 ** -10 if case.dtype == "f32" else 0.0
-    return 2 * (tf32 + checking.relative_tolerance(case.dtype, max(case["embed"], case["mlp"])))
+    return 4 * (tf32 + checking.relative_tolerance(case.dtype, max(case["embed"], case["mlp"])))
 
 
 def _case(dtype: str, dims: tuple[int, ...], mesh: str, *tags: str, top_k: int = 2,
@@ -179,7 +180,9 @@ def _cases() -> tuple[registry.Case, ...]:
     # Capacity factor 1 with random routing overfills some experts: tokens are dropped.
     cases = [_case("f32", (8, 16, 8, 16, 8), mesh, "cpu") for mesh in ("8x1", "4x2", "2x4")]
     cases.append(_case("f32", (8, 16, 8, 16, 8), "4x2", "cpu", top_k=1, capacity_factor=2.0))
-    cases += [_case("f32", (8, 2048, 1024, 4096, 8), mesh, "gpu", capacity_factor=1.25)
+    # Real sizes, kept to 8k tokens: the routing of the sharded and the one-device
+    # computation must agree token by token (router logits at full float32 precision).
+    cases += [_case("f32", (8, 1024, 1024, 4096, 8), mesh, "gpu", capacity_factor=1.25)
               for mesh in ("2x1", "1x2", "4x1", "2x2")]
     return tuple(cases)
 
