@@ -8,7 +8,9 @@ JOBS ?= auto
 PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 BASE ?= main
 
-.PHONY: install test lint pytest test-gpu cuda list bench bench-compare dashboard clean
+.PHONY: install test lint pytest test-gpu cuda list bench bench-compare dashboard clean \
+	roofline plot-roofline verify-timing ceilings
+.PHONY: xprof-serve xprof-list download-traces xprof-tunnel
 
 install: $(VENV)/.installed
 
@@ -61,6 +63,52 @@ dashboard:
 # else for sm_90a. Needs only nvcc and Python's standard library (torch, if present, names the GPU).
 cuda:
 	$(PYTHON) -m kernels.cuda.build
+
+# Time an operation and draw its roofline: traces/roofline_data_{MODEL}_{time}.json and
+# traces/roofline_{fwd,bwd}_{MODEL}_{time}.png. Cases: the operation's own (tags=gpu/cpu), or
+# built from dims="rows=4096 cols=1024,4096" or the attention flags, e.g.
+#   make roofline op=attention batch=4 heads=8 head-dim=64 seq-lengths=128,256,512,1024,2048,4096
+op ?= softmax
+roofline:
+	$(PY) -m kernels roofline $(op) $(if $(impl),--impl $(impl)) $(if $(tags),--tags $(tags)) \
+		$(if $(dtype),--dtype $(dtype)) $(if $(dims),--dims $(dims)) \
+		$(if $(batch),--batch $(batch)) $(if $(heads),--heads $(heads)) \
+		$(if $(head-dim),--head-dim $(head-dim)) $(if $(seq-lengths),--seq-lengths $(seq-lengths))
+
+# Redraw the charts of a roofline data file: make plot-roofline json=traces/roofline_data_....json
+plot-roofline:
+	$(PY) -m kernels plot-roofline $(json)
+
+# The timer against an independent profiler trace, and its spread over 10 timings (GPU).
+verify-timing:
+	$(PY) -m kernels verify-timing
+
+ceilings:
+	$(PY) -m kernels ceilings
+# XProf traces (python -m kernels profile ...) live in $(TRACES)/<date>/<name>/.
+TRACES ?= traces
+XPROF_PORT ?= 8791
+# The checkout on a remote GPU host, relative to its home (for download-traces).
+REMOTE_DIR ?= kernelperf
+SSH_KEY = $(if $(k),-i $(k))
+
+# XProf's web UI over every trace here (`pip install xprof`): http://localhost:8791
+xprof-serve:
+	xprof --logdir=$(TRACES) --port=$(XPROF_PORT)
+
+xprof-list:
+	@find $(TRACES) -name '*.xplane.pb' -printf '%TY-%Tm-%Td %TH:%TM  %8s B  %p\n' 2>/dev/null | sort
+
+# Copy a remote host's traces here: make download-traces h=user@host k=~/.ssh/key
+download-traces:
+	$(if $(h),,$(error h=<host> is required, e.g. make download-traces h=user@gpu-box k=~/.ssh/id))
+	mkdir -p $(TRACES)
+	rsync -az --info=stats1 -e "ssh $(SSH_KEY)" $(h):$(REMOTE_DIR)/$(TRACES)/ $(TRACES)/
+
+# XProf running on a remote host (make xprof-serve there), opened here on the same port.
+xprof-tunnel:
+	$(if $(h),,$(error h=<host> is required, e.g. make xprof-tunnel h=user@gpu-box k=~/.ssh/id))
+	ssh $(SSH_KEY) -N -L $(XPROF_PORT):localhost:$(XPROF_PORT) $(h)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info .asv

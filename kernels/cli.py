@@ -16,6 +16,15 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def _cpu_mode(impl) -> str:
+    """How a GPU kernel runs on a machine without one: in Pallas's or Triton's interpreter."""
+    if impl.fn.__module__.rsplit(".", 1)[-1].startswith("pallas"):
+        return " (Pallas interpreted)"
+    if "triton" in impl.requires.modules:
+        return " (TRITON_INTERPRET=1)"
+    return ""
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from kernels import devices, registry
 
@@ -26,8 +35,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         for impl in registry.implementations(op.name):
             reason = devices.unavailable_reason(impl, machine)
             if reason is None:
-                status = "runs here" + ("" if machine.has_gpu or impl.framework != "jax"
-                                        or impl.baseline else " (Pallas interpreted)")
+                status = "runs here" + ("" if machine.has_gpu else _cpu_mode(impl))
             else:
                 status = f"no: {reason}"
             rows.append([op.name, impl.name, "baseline" if impl.baseline else "kernel",
@@ -117,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
             sub_parser.add_argument("--machine", help="asv machine (default: this device model)")
         sub_parser.add_argument("--min-gap", type=float, default=0.05,
                                 help="relative change below which rows count as same")
+    from kernels import measure_cli, profiling_cli
+
+    extra_commands = {**measure_cli.add_commands(sub), **profiling_cli.add_commands(sub)}
     args = parser.parse_args(argv)
-    commands = {"list": cmd_list, "check": cmd_check, "bench": cmd_bench, "compare": cmd_compare}
+    commands = {"list": cmd_list, "check": cmd_check, "bench": cmd_bench, "compare": cmd_compare,
+                **extra_commands}
     return commands[args.command](args)

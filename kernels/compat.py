@@ -9,7 +9,9 @@ use, filtered in pyproject.toml by its exact message.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Callable, Iterator
 
 import jax
 
@@ -35,6 +37,104 @@ def pallas_triton():
     from jax.experimental.pallas import triton as pallas_triton_module
 
     return pallas_triton_module
+
+
+def cupti_measure():
+    """`jax.experimental.mosaic.gpu.profiler.measure` (CUPTI kernel timings), or None where the
+    Mosaic GPU extension that provides CUPTI is not available."""
+    try:
+        from jax.experimental.mosaic.gpu import profiler
+    except ImportError:
+        return None
+    if getattr(profiler, "mosaic_gpu_lib", None) is None:
+        return None
+    return profiler.measure
+
+
+# JAX's monitoring events (jax._src.dispatch, compiler), the same names in 0.10.2 and 0.11.2:
+# one backend compile per miss of the in-memory caches (persistent-cache hits included),
+# one trace per jaxpr traced, and the persistent cache's requests and hits.
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
+CACHE_REQUEST_EVENT = "/jax/compilation_cache/compile_requests_use_cache"
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+
+
+def add_duration_listener(listener) -> Callable[[], None]:
+    """Register `listener(event, seconds, **metadata)`; returns the function that removes it."""
+    from jax import monitoring
+
+    monitoring.register_event_duration_secs_listener(listener)
+    return functools.partial(monitoring.unregister_event_duration_listener, listener)
+
+
+def add_event_listener(listener) -> Callable[[], None]:
+    """Register `listener(event, **metadata)`; returns the function that removes it."""
+    from jax import monitoring
+
+    monitoring.register_event_listener(listener)
+    return functools.partial(monitoring.unregister_event_listener, listener)
+
+
+@contextlib.contextmanager
+def explain_cache_misses() -> Iterator[None]:
+    """While active, JAX logs (logger "jax", WARNING) why each tracing-cache miss happened."""
+    before = jax.config.jax_explain_cache_misses
+    jax.config.update("jax_explain_cache_misses", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_explain_cache_misses", before)
+
+
+def profile_data(xplane_path):
+    """A trace's XSpace as `jax.profiler.ProfileData` (planes > lines > events, with stats);
+    the same API in jax 0.10.2 and 0.11.2."""
+    from jax.profiler import ProfileData
+
+    return ProfileData.from_file(str(xplane_path))
+
+
+def patch_triton_interpreter() -> None:
+    """Let Triton's interpreter loop over runtime bounds with NumPy >= 2.4; idempotent.
+
+    Triton 3.6's interpreter converts a scalar tensor (data of shape (1,)) to a
+    Python int with `int(data)`, which NumPy 2.4 refuses ("only 0-dimensional
+    arrays can be converted to Python scalars"): every `range(start, end)` over
+    a runtime bound fails. Its per-launch patch of `tl.tensor` is wrapped so
+    that `__index__` goes through `.item()`.
+
+    Its `tl.dot` also multiplies bfloat16 operands as the raw uint16 bits it
+    stores them in (garbage); they are widened to float32 first, which is
+    exact, as the GPU's bf16 x bf16 -> f32 products are. Compiled kernels are
+    unaffected by either.
+    """
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "kernelperf_patched", False):
+        return
+
+    def patch_lang_tensor(tensor, scope) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    def widen(handle):
+        if handle.dtype != tl.bfloat16:
+            return handle
+        bits = handle.data.astype(np.uint32) << np.uint32(16)
+        return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
+
+    original_dot = interpreter.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return original_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    patch_lang_tensor.kernelperf_patched = True
+    interpreter._patch_lang_tensor = patch_lang_tensor
+    interpreter.InterpreterBuilder.create_dot = create_dot
 
 
 def make_mesh(shape, axis_names, devices=None):

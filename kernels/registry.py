@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from kernels import dtypes
+from kernels.hlo import HloExpectation
 
 DIRECTIONS = ("fwd", "bwd")
 
@@ -120,7 +121,7 @@ class Operation:
     tolerance: case -> relative error allowed on the forward output; gradients
         get `gradient_tolerance_factor` times that.
     validate: raises ValueError/TypeError for bad inputs; shared by our kernels.
-    gradient_magnitude: (inputs, output, cotangent) -> per input, the size of
+    gradient_magnitude: (inputs, output, cotangent, **case params) -> per input, the size of
         the terms summed into its gradient (float32 jnp arrays), where the
         gradient can cancel far below them; errors are measured against it.
     """
@@ -181,6 +182,7 @@ class Implementation:
     supports: case -> None, or the reason this implementation cannot run it.
     prepare: optional (case, *framework_inputs) -> inputs for fn, run once
         outside any timed region (e.g. placing inputs with a sharding).
+    hlo: optional rules its compiled HLO must follow per platform (kernels.hlo).
     """
 
     op: str
@@ -193,6 +195,7 @@ class Implementation:
     supports: Callable[[Case], str | None] = lambda case: None
     prepare: Callable[..., tuple[Any, ...]] | None = None
     description: str = ""
+    hlo: HloExpectation | None = None
 
     def place(self, case: Case, args: tuple[Any, ...]) -> tuple[Any, ...]:
         """Inputs as `fn` takes them: `prepare` applied, if any."""

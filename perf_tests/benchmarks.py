@@ -14,6 +14,10 @@ operation's "bench" cases for this platform. Per benchmark:
   track_gbps        achieved GB/s              } per (implementation, case,
   track_roofline    fraction of the roofline   } direction) per commit,
   track_speedup     over the best baseline     } shared by these four.
+  track_peak_memory peak device bytes of the compiled program (XLA's memory
+                    analysis: arguments + outputs + temporaries - aliased;
+                    kernels.memory), JAX implementations only: a change that
+                    doubles memory shows like a slowdown.
 
 asv treats a larger number as worse for every benchmark (asv issue 1617), so
 the track_ numbers are for the dashboard; `python -m kernels compare` knows
@@ -32,9 +36,8 @@ from kernels import environment
 
 environment.configure()
 
+from kernels import devices, fingerprint, memory, registry, timing  # noqa: E402
 from kernels.roofline import ceilings, model  # noqa: E402
-
-from kernels import devices, fingerprint, registry, timing  # noqa: E402
 
 BENCH_TAG = "bench"
 # Device-time samples per asv round: at least, at most, and the wall-time cap (s).
@@ -173,6 +176,15 @@ class _OperationBenchmarks:
         return min(times) / self._measured().median_s
 
     track_speedup.unit = "x best baseline"
+
+    def track_peak_memory(self, *params) -> float:
+        """Bytes of the compiled program; NaN for torch (no XLA memory analysis)."""
+        if self.impl.framework != "jax":
+            return float("nan")
+        use = memory.measure(self.impl, self.case, self.direction, live=False)
+        return float(use.compiled_peak_bytes)
+
+    track_peak_memory.unit = "bytes"
 
 
 def _suite(op: registry.Operation) -> type | None:

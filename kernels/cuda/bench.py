@@ -1,9 +1,9 @@
 """Time the CUDA kernels beside their torch/cuBLAS peers on this GPU, against the goals.
 
 `python -m kernels.cuda.bench [--ops softmax row_sum matmul]`. Every number
-comes from `triton.testing.do_bench` (L2 flushed before each call, median of
-the repeats), work from the operation's own model (`Operation.work`), cases
-from its "gpu" set. Goals (issue 7), all relative to peers measured in the
+is a median from `kernels.timing` (CUDA events, L2 flushed before each call,
+samples until the noise settles), work from the operation's own model
+(`Operation.work`), cases from its "gpu" set. Goals (issue 7), all relative to peers measured in the
 same run: softmax and row_sum at >= 0.9x the device-to-device copy bandwidth
 (bytes read + written, 1 GiB copy); the tensor-core GEMM at >= 0.7x cuBLAS
 (torch.matmul) in its dtype; the SGEMM at >= 0.6x cuBLAS float32 with TF32
@@ -36,10 +36,11 @@ class Row:
     goal: str
 
 
-def _bench(fn: Callable[[], object]) -> float:
-    from triton.testing import do_bench
+def _bench(fn: Callable[[], object], label: str = "") -> float:
+    """Median device time of `fn` in milliseconds (cold L2), through the one timing path."""
+    from kernels import timing
 
-    return do_bench(fn, warmup=25, rep=200, return_mode="median")
+    return timing.time_timeable(timing.callable_timeable(label, fn, "torch")).median_s * 1e3
 
 
 def copy_bandwidth() -> float:
@@ -48,7 +49,7 @@ def copy_bandwidth() -> float:
 
     src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    return 2 * COPY_BYTES / (_bench(lambda: dst.copy_(src)) * 1e-3)
+    return 2 * COPY_BYTES / (_bench(lambda: dst.copy_(src), "copy") * 1e-3)
 
 
 def _inputs(op_name: str, case):
@@ -89,7 +90,7 @@ def bench_op(op_name: str, copy_rate: float) -> list[Row]:
     rows = []
     for case in op.cases_tagged("gpu"):
         args = _inputs(op_name, case)
-        peer_ms = _bench(functools.partial(_peer(op_name), *args))
+        peer_ms = _bench(functools.partial(_peer(op_name), *args), f"peer {case.id}")
         work = op.work(case, "fwd")
         peer = "cuBLAS" if op_name == "matmul" else "torch"
         # Kernels that declare CONFIGS (tile shapes to choose between) are timed in each.
@@ -97,8 +98,8 @@ def bench_op(op_name: str, copy_rate: float) -> list[Row]:
                     for config in getattr(sys.modules[impl.fn.__module__], "CONFIGS", (None,))]
         for impl, config in variants:
             fn = functools.partial(impl.fn, *args, **({"config": config} if config else {}))
-            ms = _bench(fn)
             label = f"{impl.id}[{config.label}]" if config else impl.id
+            ms = _bench(fn, f"{label} {case.id}")
             if op_name == "matmul":
                 ratio = peer_ms / ms
                 rate = f"{work.flops / ms / 1e9:.0f} TFLOP/s"

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels import registry
+from kernels.hlo import HloExpectation, HloRules
 from kernels.ops.softmax import spec
 
 
@@ -21,4 +22,8 @@ def softmax(x: jax.Array) -> jax.Array:
 registry.register_implementation(registry.Implementation(
     op=spec.NAME, name="xla", fn=softmax, baseline=True,
     description="jax.nn.softmax, compiled by XLA",
+    # XLA:GPU fuses the softmax into one to three kernels (a Triton softmax fusion, or
+    # reductions plus a normalising loop); XLA:CPU into one to seven, by shape and dtype.
+    hlo=HloExpectation(cpu=HloRules(fusions=(1, 7), custom_calls=()),
+                       gpu=HloRules(fusions=(1, 3), custom_calls=())),
 ))

@@ -1,0 +1,306 @@
+"""The measurement core: results, stopping rule, device identity, ceilings, roofline, CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from kernels import crosscheck, devices, fingerprint, registry, timing
+from kernels.roofline import ceilings, model, report
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _measurement(samples=(1e-3, 1.1e-3, 0.9e-3)) -> timing.Measurement:
+    return timing.Measurement.from_samples(
+        samples, clocks=[1980, 1980, 1500], throttled=[False, False, True],
+        label="softmax-xla f32-8x8 fwd", method="cupti", regime="cold", stop_reason="converged",
+        fingerprint={"model": "nvidia-h100-80gb-hbm3", "driver": "580.159.04"})
+
+
+def test_measurement_json_round_trip():
+    m = _measurement()
+    assert m.median_s == 1e-3 and m.min_s == 0.9e-3 and m.max_s == 1.1e-3
+    assert m.repeats == 3 and m.throttled_count == 1
+    assert math.isclose(m.cv, 0.1)  # stdev 1e-4 over mean 1e-3
+    again = timing.Measurement.from_dict(json.loads(json.dumps(m.to_dict())))
+    assert again == m
+
+
+def test_measurement_of_one_sample_round_trips_its_infinite_cv():
+    m = _measurement(samples=(2e-3,))
+    assert m.cv == math.inf
+    assert timing.Measurement.from_dict(json.loads(json.dumps(m.to_dict()))) == m
+
+
+class FakeSampler:
+    """Returns values from a repeating pattern and advances a fake clock per sample."""
+
+    def __init__(self, pattern, seconds_per_sample=0.0):
+        self.values = itertools.cycle(pattern)
+        self.seconds_per_sample = seconds_per_sample
+        self.now = 0.0
+        self.calls = []
+
+    def take(self, n):
+        self.calls.append(n)
+        self.now += n * self.seconds_per_sample
+        return [next(self.values) for _ in range(n)]
+
+    def clock(self):
+        return self.now
+
+
+def test_steady_samples_converge_after_min_samples_and_min_time():
+    rule = timing.StoppingRule(min_samples=10, min_time_s=0.05, max_noise=0.005,
+                               time_budget_s=100.0, max_samples=1000)
+    sampler = FakeSampler([0.01])
+    samples, reason = timing.collect(sampler, rule, clock=sampler.clock)
+    assert reason == "converged"
+    assert len(samples) == 10  # 10 x 0.01 s already exceeds the 0.05 s minimum
+
+
+def test_steady_but_short_samples_wait_for_the_minimum_time():
+    rule = timing.StoppingRule(min_samples=10, min_time_s=0.05, max_noise=0.005,
+                               time_budget_s=100.0, max_samples=1000)
+    sampler = FakeSampler([0.001])
+    samples, reason = timing.collect(sampler, rule, clock=sampler.clock)
+    assert reason == "converged"
+    assert len(samples) == 80  # batches of 10, 10, 20, 40: the first count with >= 0.05 s
+    assert sampler.calls == [10, 10, 20, 40]
+
+
+def test_noisy_samples_stop_at_max_samples():
+    rule = timing.StoppingRule(min_samples=10, max_noise=0.005, time_budget_s=100.0,
+                               max_samples=50, max_batch=16)
+    sampler = FakeSampler([1.0, 2.0])  # CV about 33%: never converges
+    samples, reason = timing.collect(sampler, rule, clock=sampler.clock)
+    assert reason == "max-samples"
+    assert len(samples) == 50
+    assert sampler.calls == [10, 10, 16, 14]
+
+
+def test_noisy_samples_stop_at_the_time_budget():
+    rule = timing.StoppingRule(min_samples=10, max_noise=0.005, time_budget_s=1.0,
+                               max_samples=10_000)
+    sampler = FakeSampler([1.0, 2.0], seconds_per_sample=0.02)
+    samples, reason = timing.collect(sampler, rule, clock=sampler.clock)
+    assert reason == "time-budget"
+    assert len(samples) == 80  # 0.02 s per sample: 40 samples reach 0.8 s, 80 reach 1.6 s
+
+
+def test_stopping_rule_rejects_bad_counts():
+    with pytest.raises(ValueError, match="min_samples: expected 1 <= min_samples <= max_samples"):
+        timing.StoppingRule(min_samples=0)
+
+
+@pytest.mark.parametrize("name,model_name", [
+    ("NVIDIA H100 80GB HBM3", "nvidia-h100-80gb-hbm3"),
+    ("NVIDIA A100-SXM4-80GB", "nvidia-a100-sxm4-80gb"),
+    ("Intel(R) Xeon(R) Platinum 8480+ CPU @ 2.00GHz", "intel-xeon-platinum-8480"),
+    ("AMD EPYC 7B13 64-Core Processor", "amd-epyc-7b13-64-core-processor"),
+])
+def test_model_names_are_normalised(name, model_name):
+    assert fingerprint.normalise(name) == model_name
+
+
+def test_fingerprint_of_this_machine_names_model_and_versions():
+    device = fingerprint.fingerprint()
+    assert device.model == fingerprint.normalise(device.name)
+    assert dict(device.versions)["jax"]
+    assert device.to_dict()["versions"]["jax"] == dict(device.versions)["jax"]
+
+
+def test_throttle_flag_compares_with_the_default_clock():
+    device = dataclasses.replace(fingerprint.fingerprint(), default_sm_mhz=1980)
+    assert device.is_throttled(fingerprint.Clocks(sm_mhz=1500))
+    assert not device.is_throttled(fingerprint.Clocks(sm_mhz=1900))
+    assert not device.is_throttled(None)
+
+
+# The audited values (issue 3): dense rates; SXM and PCIe apart; L4's 300 GB/s.
+@pytest.mark.parametrize("name,bandwidth,dtype,dense", [
+    ("NVIDIA H100 80GB HBM3", 3.35e12, "bf16", 989.45e12),
+    ("NVIDIA H100 80GB HBM3", 3.35e12, "tf32", 494.7e12),
+    ("NVIDIA H100 PCIe", 2.0e12, "bf16", 756.5e12),
+    ("NVIDIA H200", 4.8e12, "bf16", 989.5e12),
+    ("NVIDIA A100-SXM4-80GB", 2039e9, "tf32", 156e12),
+    ("NVIDIA A100-SXM4-40GB", 1555e9, "bf16", 312e12),
+    ("NVIDIA A100 80GB PCIe", 1935e9, "f16", 312e12),
+    ("NVIDIA L4", 300e9, "bf16", 121e12),
+    ("NVIDIA L40S", 864e9, "bf16", 362.05e12),
+    ("NVIDIA GeForce RTX 4090", 1008e9, "bf16", 165.2e12),
+    ("NVIDIA RTX 4000 Ada Generation", 360e9, "fp8", 163.8e12),
+    ("NVIDIA B200", 8.0e12, "bf16", 2250e12),
+])
+def test_datasheet_lookup_by_exact_driver_name(name, bandwidth, dtype, dense):
+    sheet = ceilings.datasheet(name)
+    assert sheet is not None and sheet.kind == "datasheet"
+    assert sheet.bandwidth == pytest.approx(bandwidth)
+    assert sheet.flops[dtype] == pytest.approx(dense)
+    entry = ceilings.DATASHEET[name].peaks[dtype]
+    # Datasheets round: the L40S prints 362.05 dense beside 733 sparse.
+    assert entry.sparse is None or entry.sparse == pytest.approx(2 * entry.dense, rel=0.02)
+
+
+def test_datasheet_needs_the_exact_name():
+    assert ceilings.datasheet("H100") is None
+    assert ceilings.datasheet("nvidia h100 80gb hbm3") is None
+
+
+def test_unknown_gpu_uses_measured_ceilings_only_with_a_warning(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELPERF_CACHE", str(tmp_path))
+    unknown = dataclasses.replace(fingerprint.fingerprint(), platform="gpu",
+                                  name="NVIDIA Imaginary 9000", model="nvidia-imaginary-9000")
+    cached = ceilings.Ceiling("NVIDIA Imaginary 9000", "measured", 1e12, {"bf16": 1e14})
+    path = ceilings.cache_path(unknown.model)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"ceiling": cached.to_dict()}))
+    with pytest.warns(UserWarning, match="no datasheet entry for 'NVIDIA Imaginary 9000'"):
+        sheet, measured = ceilings.for_device(unknown, allow_measure=False)
+    assert sheet is None and measured == cached
+
+
+def test_place_memory_bound_point():
+    ceiling = ceilings.Ceiling("test", "measured", bandwidth=2e12, flops={"bf16": 1e15})
+    # Intensity 100 FLOP/byte: the memory roof gives 100 x 2e12 = 2e14 < 1e15.
+    p = model.place(registry.Work(flops=1e12, bytes=1e10), 0.01, ceiling, "bf16")
+    assert p.intensity == 100
+    assert p.attainable_flops == pytest.approx(2e14)
+    assert p.achieved_flops == pytest.approx(1e14)
+    assert p.achieved_bandwidth == pytest.approx(1e12)
+    assert p.fraction == pytest.approx(0.5)
+    assert p.bound == "memory" and not p.suspicious
+
+
+def test_place_compute_bound_point_and_flag_above_the_roof():
+    ceiling = ceilings.Ceiling("test", "measured", bandwidth=2e12, flops={"bf16": 1e15})
+    # Intensity 1000: 1000 x 2e12 = 2e15 > 1e15, so the compute roof binds.
+    p = model.place(registry.Work(flops=1e13, bytes=1e10), 0.02, ceiling, "bf16")
+    assert p.bound == "compute"
+    assert p.fraction == pytest.approx(0.5)  # 5e14 of 1e15
+    too_fast = model.place(registry.Work(flops=1e13, bytes=1e10), 0.005, ceiling, "bf16")
+    assert too_fast.fraction == pytest.approx(2.0) and too_fast.suspicious
+
+
+def test_place_scales_with_devices_and_f32_uses_the_tf32_roof():
+    ceiling = ceilings.Ceiling("test", "measured", bandwidth=1e12,
+                               flops={"f32": 5e13, "tf32": 4e14})
+    p = model.place(registry.Work(flops=4e15, bytes=1e9), 10.0, ceiling, "f32", devices=2)
+    assert p.peak_flops == pytest.approx(8e14)  # 2 x the tf32 peak
+    assert p.bandwidth == pytest.approx(2e12)
+    assert p.fraction == pytest.approx(0.5)
+
+
+def test_place_rejects_nonpositive_time():
+    ceiling = ceilings.Ceiling("test", "measured", bandwidth=1e12, flops={"f32": 1e12})
+    with pytest.raises(ValueError, match="seconds: expected > 0, got 0"):
+        model.place(registry.Work(flops=1.0, bytes=1.0), 0, ceiling, "f32")
+
+
+def _roofline_data() -> dict:
+    sheet = ceilings.datasheet("NVIDIA H100 80GB HBM3")
+    measured = ceilings.Ceiling("NVIDIA H100 80GB HBM3", "measured", 3.0e12,
+                                {"bf16": 7.0e14, "f32": 5.2e13, "tf32": 3.6e14})
+    points = []
+    for impl, dtype, seconds in (("xla", "f32", 3.6e-4), ("pallas", "bf16", 2.0e-4)):
+        work = registry.Work(flops=5 * 32768 * 4096, bytes=2 * 32768 * 4096 * (
+            4 if dtype == "f32" else 2))
+        placement = {c.kind: model.place(work, seconds, c, dtype).to_dict()
+                     for c in (measured, sheet)}
+        points.append({"op": "softmax", "impl": impl, "case": f"{dtype}-32768x4096",
+                       "direction": "fwd", "dtype": dtype, "flops": work.flops,
+                       "bytes": work.bytes, "median_s": seconds, "placement": placement})
+    return {"model": "nvidia-h100-80gb-hbm3", "timestamp": "20260101-000000",
+            "fingerprint": {"name": "NVIDIA H100 80GB HBM3"},
+            "ceilings": {"datasheet": sheet.to_dict(), "measured": measured.to_dict()},
+            "points": points}
+
+
+def test_roofline_chart_is_drawn_from_a_data_file(tmp_path):
+    import matplotlib.image
+
+    path = tmp_path / "roofline_data_nvidia-h100-80gb-hbm3_20260101-000000.json"
+    path.write_text(json.dumps(_roofline_data()))
+    written = report.plot_data(path)
+    assert [p.name for p in written] == ["roofline_fwd_nvidia-h100-80gb-hbm3_20260101-000000.png"]
+    image = matplotlib.image.imread(written[0])
+    assert image.shape[0] > 500 and image.shape[1] > 800
+    assert image.std() > 0.05  # not a blank canvas
+
+
+@pytest.mark.parametrize("check", crosscheck.COST_CHECKS,
+                         ids=lambda c: f"{c.op}-{c.impl}-{c.case}-{c.direction}")
+def test_work_model_agrees_with_xla_cost_analysis(check):
+    assert check.case in crosscheck.cost_analysis_check(check)
+
+
+def test_trace_events_are_taken_from_gpu_stream_lines_only():
+    trace = {"traceEvents": [
+        {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+        {"ph": "M", "pid": 1, "tid": 7, "name": "thread_name", "args": {"name": "Stream #13"}},
+        {"ph": "M", "pid": 1, "tid": 8, "name": "thread_name", "args": {"name": "XLA Ops"}},
+        {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/host:CPU"}},
+        {"ph": "X", "pid": 1, "tid": 7, "ts": 5.0, "dur": 2.0, "name": "fusion"},
+        {"ph": "X", "pid": 1, "tid": 7, "ts": 1.0, "dur": 1.0, "name": "broadcast"},
+        {"ph": "X", "pid": 1, "tid": 8, "ts": 5.0, "dur": 2.0, "name": "fusion"},
+        {"ph": "X", "pid": 2, "tid": 7, "ts": 5.0, "dur": 2.0, "name": "fusion"},
+    ]}
+    events = crosscheck._gpu_stream_events(trace)
+    assert [e["name"] for e in events] == ["broadcast", "fusion"]
+
+
+def test_ncu_csv_sums_each_metric_over_kernels():
+    text = ('==PROF== Disconnected\n"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"\n'
+            '"0","k1","dram__bytes_read.sum","Mbyte","1.50"\n'
+            '"1","k2","dram__bytes_read.sum","Kbyte","500"\n'
+            '"0","k1","gpu__time_duration.sum","usecond","2,000"\n')
+    totals = crosscheck.parse_ncu_csv(text)
+    assert totals["dram__bytes_read.sum"] == pytest.approx(2.0e6)
+    assert totals["gpu__time_duration.sum"] == pytest.approx(2.0e6)
+
+
+def _kernels(*args: str, cache: pathlib.Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), KERNELPERF_CACHE=str(cache))
+    return subprocess.run([sys.executable, "-m", "kernels", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.skipif(devices.this_machine().has_gpu, reason="the CPU path (host clock) only")
+def test_time_command_on_cpu_labels_the_host_clock(tmp_path):
+    result = _kernels("time", "softmax", "--tags", "cpu", "--impl", "xla", "--impl", "torch",
+                      "--case", "f32-64x1000", "--direction", "fwd", "bwd", "--budget", "0.05",
+                      cache=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("softmax-")]
+    assert len(rows) == 4, result.stdout
+    assert all("host-clock" in row and " cold " in row for row in rows)
+    torch_fwd = next(r for r in rows if r.startswith("softmax-torch") and " fwd " in r)
+    assert "baseline" in torch_fwd and "% mem" in torch_fwd
+
+
+@pytest.mark.skipif(devices.this_machine().has_gpu, reason="the CPU message only")
+def test_verify_timing_says_it_needs_a_gpu(tmp_path):
+    result = _kernels("verify-timing", cache=tmp_path)
+    assert result.returncode == 0
+    assert "skipped: needs a CUDA GPU" in result.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not devices.this_machine().has_gpu, reason="needs a CUDA GPU (CUPTI timer)")
+def test_cupti_timer_agrees_with_a_profiler_trace():
+    op = registry.operation("softmax")
+    impl = registry.implementation("softmax", "xla")
+    case = next(c for c in op.cases if c.id == "f32-4096x4096")
+    traced = crosscheck.trace_in_subprocess("softmax", "xla", case.id)
+    m = timing.measure(impl, case)
+    assert m.method == "cupti" and m.regime == "cold"
+    assert abs(m.median_s - traced) <= 0.05 * traced, (m.median_s, traced)

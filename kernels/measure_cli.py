@@ -1,0 +1,392 @@
+"""Commands of the measurement core: time, roofline, plot-roofline, ceilings, verify-timing.
+
+  python -m kernels time softmax --tags gpu --direction fwd bwd
+  python -m kernels roofline softmax --dims rows=4096 cols=1024,4096 --dtype bf16
+  python -m kernels roofline attention --batch 4 --heads 8 --head-dim 64 \
+      --seq-lengths 128,256,512
+  python -m kernels plot-roofline traces/roofline_data_<model>_<stamp>.json
+  python -m kernels ceilings
+  python -m kernels verify-timing
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import math
+import os
+import pathlib
+import statistics
+import sys
+from collections.abc import Callable
+from typing import Any
+
+# Attention-style flags and the dimension names they set (the first name an operation has).
+ATTENTION_FLAGS = {
+    "batch": ("batch", "b"),
+    "heads": ("heads", "num_heads", "h"),
+    "head_dim": ("head_dim", "d"),
+    "seq_lengths": ("seq", "seq_len", "seq_q", "seq_kv", "s"),
+}
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
+
+
+def _dims(text: str) -> tuple[str, list[int]]:
+    name, sep, values = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"--dims: expected name=v1,v2, got {text!r}")
+    return name, _int_list(values)
+
+
+def cases_from_dims(op, dims: dict[str, list[int]], dtypes: list[str]) -> list:
+    """Cases of `op` over the product of `dims` (every dimension of the op must be given).
+
+    Parameters (e.g. `causal`) come from the operation's first "gpu" case; the
+    new cases are tagged "custom", "cpu" and "gpu" so they run on any machine.
+    """
+    from kernels import registry
+
+    template = (op.cases_tagged("gpu") or op.cases)[0]
+    names = [name for name, _ in template.dims]
+    unknown = sorted(set(dims) - set(names))
+    missing = [name for name in names if name not in dims]
+    if unknown or missing:
+        raise SystemExit(f"--dims: {op.name} has dimensions {names}; got unknown {unknown}, "
+                         f"missing {missing}")
+    cases = []
+    for dtype in dtypes:
+        for values in itertools.product(*(dims[name] for name in names)):
+            cases.append(registry.make_case(op.name, dtype, dict(zip(names, values, strict=True)),
+                                            params=dict(template.params),
+                                            tags=("custom", "cpu", "gpu")))
+    return cases
+
+
+def _attention_dims(op, args) -> dict[str, list[int]]:
+    template = (op.cases_tagged("gpu") or op.cases)[0]
+    names = [name for name, _ in template.dims]
+    dims: dict[str, list[int]] = {}
+    for flag, aliases in ATTENTION_FLAGS.items():
+        values = getattr(args, flag, None)
+        if values is None:
+            continue
+        if isinstance(values, int):
+            values = [values]
+        matched = [n for n in names if n in aliases] if flag != "seq_lengths" else \
+            [n for n in names if n.startswith("seq") or n == "s"]
+        if not matched:
+            raise SystemExit(f"--{flag.replace('_', '-')}: {op.name} has no such dimension; its "
+                             f"dimensions are {names}")
+        for name in matched:
+            dims[name] = list(values)
+    return dims
+
+
+def select(args) -> tuple[Any, list, list]:
+    """(operation, implementations, cases) named by the common arguments."""
+    from kernels import devices, registry
+
+    op = registry.operation(args.op)
+    impls = [registry.implementation(op.name, n) for n in args.impl] if args.impl \
+        else registry.implementations(op.name)
+    dims = dict(args.dims or [])
+    dims.update(_attention_dims(op, args))
+    if dims:
+        dtypes = args.dtype or sorted({c.dtype for c in op.cases_tagged("gpu")},
+                                      key=["bf16", "f16", "f32"].index)
+        cases = cases_from_dims(op, dims, dtypes)
+    else:
+        tags = args.tags or ["gpu" if devices.this_machine().has_gpu else "cpu"]
+        cases = registry.select_cases(op, tags)
+        if args.dtype:
+            cases = [c for c in cases if c.dtype in args.dtype]
+    if args.case:
+        cases = [c for c in cases if any(pattern in c.id for pattern in args.case)]
+    if not cases:
+        raise SystemExit(f"no {op.name} cases match (tags {args.tags}, dtype {args.dtype}, "
+                         f"case {args.case})")
+    return op, impls, cases
+
+
+@dataclasses.dataclass
+class Row:
+    impl: Any
+    case: Any
+    direction: str
+    measurement: Any = None
+    skipped: str | None = None
+
+
+def run_rows(op, impls, cases, directions, regime, rule) -> list[Row]:
+    """Time every (implementation, case, direction) that can run here, with a progress bar."""
+    from kernels import devices, timing
+    from kernels.roofline import report
+
+    todo = [Row(impl, case, d) for case in cases for d in directions for impl in impls]
+    for row in report.progress(todo, f"timing {op.name}"):
+        reason = devices.case_unavailable_reason(row.impl, row.case)
+        if reason is None and row.direction == "bwd" and not (op.differentiable
+                                                               and row.impl.differentiable):
+            reason = "no backward"
+        if reason:
+            row.skipped = reason
+            continue
+        try:
+            row.measurement = timing.measure(row.impl, row.case, row.direction, regime, rule=rule)
+        except Exception as error:  # one failing kernel must not hide the others' numbers
+            row.skipped = f"ERROR {type(error).__name__}: {error}"[:200]
+    return todo
+
+
+def _rule(args):
+    from kernels import fingerprint, timing
+
+    rule = timing.default_rule(fingerprint.fingerprint())
+    if args.budget:
+        rule = dataclasses.replace(rule, time_budget_s=args.budget)
+    return rule
+
+
+def _ceilings(allow_measure: bool = True):
+    from kernels import fingerprint
+    from kernels.roofline import ceilings
+
+    device = fingerprint.fingerprint()
+    sheet, measured = ceilings.for_device(device, allow_measure=allow_measure)
+    return device, sheet, measured
+
+
+def _speedups(rows: list[Row]) -> dict[int, float]:
+    """Best baseline's median over each non-baseline row's, per (case, direction)."""
+    best: dict[tuple[str, str], float] = {}
+    for row in rows:
+        if row.measurement and row.impl.baseline:
+            key = (row.case.id, row.direction)
+            best[key] = min(best.get(key, math.inf), row.measurement.median_s)
+    out = {}
+    for index, row in enumerate(rows):
+        key = (row.case.id, row.direction)
+        if row.measurement and not row.impl.baseline and key in best:
+            out[index] = best[key] / row.measurement.median_s
+    return out
+
+
+def _format_time(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.2f} us"
+    return f"{seconds * 1e3:.3f} ms"
+
+
+def cmd_time(args: argparse.Namespace) -> int:
+    from kernels import registry
+    from kernels.cli import table
+    from kernels.roofline import model, report
+
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the GPU
+    op, impls, cases = select(args)
+    device, sheet, measured = _ceilings()
+    print(f"device: {device.describe()}")
+    ceiling = measured or sheet
+    if ceiling:
+        print(f"roofline: {ceiling.kind} ceilings ({ceiling.bandwidth / 1e9:.0f} GB/s)")
+    rows = run_rows(op, impls, cases, args.direction, args.regime, _rule(args))
+    speedups = _speedups(rows)
+    lines = []
+    for index, row in enumerate(rows):
+        if row.measurement is None:
+            lines.append([row.impl.id, row.case.id, row.direction, "-", "-", "-", "-", "-", "-",
+                          "-", "-", "-", "-", f"skipped: {row.skipped}"])
+            continue
+        m = row.measurement
+        work = registry.operation(op.name).work(row.case, row.direction)
+        placement = model.place(work, m.median_s, ceiling, row.case.dtype,
+                                devices=row.impl.requires.devices) if ceiling else None
+        speedup = f"{speedups[index]:.2f}x" if index in speedups else \
+            ("baseline" if row.impl.baseline else "-")
+        lines.append([row.impl.id, row.case.id, row.direction, _format_time(m.median_s),
+                      f"{100 * m.cv:.2f}%", str(m.repeats), m.method, m.regime, m.stop_reason,
+                      str(m.throttled_count), f"{work.flops / m.median_s / 1e12:.3f}",
+                      f"{work.bytes / m.median_s / 1e9:.1f}", report.fraction_text(placement),
+                      speedup])
+    print(table(lines, ["implementation", "case", "dir", "median", "CV", "n", "method", "regime",
+                        "stop", "throttled", "TFLOP/s", "GB/s", "roofline", "vs best baseline"]))
+    return 1 if any(row.skipped and row.skipped.startswith("ERROR") for row in rows) else 0
+
+
+def cmd_roofline(args: argparse.Namespace) -> int:
+    from kernels.roofline import report
+
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    op, impls, cases = select(args)
+    device, sheet, measured = _ceilings()
+    print(f"device: {device.describe()}")
+    rows = run_rows(op, impls, cases, args.direction, args.regime, _rule(args))
+    points = [report.point(row.impl, row.case, row.direction, row.measurement, sheet, measured)
+              for row in rows if row.measurement is not None]
+    for row in rows:
+        if row.skipped:
+            print(f"skipped {row.impl.id} {row.case.id} {row.direction}: {row.skipped}")
+    path = report.write_data(points, device, sheet, measured, pathlib.Path(args.out))
+    print(f"wrote {path}")
+    for png in report.plot_data(path):
+        print(f"wrote {png}")
+    return 0
+
+
+def cmd_plot_roofline(args: argparse.Namespace) -> int:
+    from kernels.roofline import report
+
+    for png in report.plot_data(pathlib.Path(args.json),
+                                pathlib.Path(args.out) if args.out else None):
+        print(f"wrote {png}")
+    return 0
+
+
+def cmd_ceilings(args: argparse.Namespace) -> int:
+    from kernels import fingerprint
+    from kernels.cli import table
+    from kernels.roofline import ceilings
+
+    device = fingerprint.fingerprint()
+    print(f"device: {device.describe()}")
+    sheet = ceilings.datasheet(device.name) if device.platform == "gpu" else None
+    measured = ceilings.measured(device, refresh=args.refresh)
+    if sheet is None and device.platform == "gpu":
+        print(f"no datasheet entry for {device.name!r}: measured ceilings only")
+    rows = [["memory bandwidth", _rate(sheet and sheet.bandwidth, "GB/s", 1e9),
+             _rate(measured and measured.bandwidth, "GB/s", 1e9),
+             _ratio(measured and measured.bandwidth, sheet and sheet.bandwidth)]]
+    for dtype in ("fp8", "bf16", "f16", "tf32", "f32", "f64"):
+        a = sheet.flops.get(dtype) if sheet else None
+        b = measured.flops.get(dtype) if measured else None
+        if a or b:
+            rows.append([f"{dtype} dense", _rate(a, "TFLOP/s", 1e12), _rate(b, "TFLOP/s", 1e12),
+                         _ratio(b, a)])
+    print(table(rows, ["ceiling", "datasheet", "measured", "measured/datasheet"]))
+    if sheet:
+        print(f"datasheet: {sheet.source}")
+    if measured:
+        print(f"measured: {measured.source} (cache: {ceilings.cache_path(device.model)})")
+    return 0
+
+
+def _rate(value, unit, scale) -> str:
+    """`value` in `unit` (scaled by `scale`), stepping down by 1000 where it is under 1."""
+    if not value:
+        return "-"
+    prefixes = {"T": "G", "G": "M", "M": "k"}
+    while value / scale < 1 and unit[0] in prefixes:
+        unit, scale = prefixes[unit[0]] + unit[1:], scale / 1e3
+    return f"{value / scale:.1f} {unit}"
+
+
+def _ratio(a, b) -> str:
+    return f"{a / b:.2f}" if a and b else "-"
+
+
+# verify-timing: a large XLA softmax and a bf16 matmul (issue 3's agreement check).
+VERIFY_CASES = (("softmax", "xla", "f32-32768x4096"), ("matmul", "xla", "bf16-8192x8192x8192"))
+AGREEMENT = 0.03
+REPEAT_CV = 0.01
+
+
+def cmd_verify_timing(args: argparse.Namespace) -> int:
+    """The timer against independent measurements (an XLA profiler trace, ncu), and its spread
+    over repeated timings."""
+    import shutil
+
+    from kernels import crosscheck, devices, registry, timing
+    from kernels.cli import table
+
+    if not devices.this_machine().has_gpu:
+        print("verify-timing: skipped: needs a CUDA GPU (it compares CUPTI kernel time with "
+              "an independent XLA profiler trace)")
+        return 0
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    use_ncu = not args.no_ncu and shutil.which("ncu") is not None
+    lines, ok = [], True
+    for op_name, impl_name, case_id in VERIFY_CASES:
+        independent: dict[str, float | str] = {}
+        for name, run in (("trace", crosscheck.trace_in_subprocess),
+                          ("ncu", crosscheck.ncu_kernel_time if use_ncu else None)):
+            if run is None:
+                independent[name] = "not run (no ncu)"
+                continue
+            try:
+                independent[name] = run(op_name, impl_name, case_id, calls=args.calls)
+            except Exception as error:  # report it and go on to the other checks
+                independent[name] = f"failed: {error}"[:120]
+            print(f"  {op_name}-{impl_name} {case_id}: {name} {independent[name]}",
+                  file=sys.stderr, flush=True)
+        impl = registry.implementation(op_name, impl_name)
+        timeable = timing.prepare(impl, crosscheck._case(op_name, case_id))
+        runs = [timing.time_timeable(timeable) for _ in range(args.repeats)]
+        medians = [m.median_s for m in runs]
+        timer = statistics.median(medians)
+        spread = statistics.stdev(medians) / statistics.fmean(medians)
+        cells, agreed = [], []
+        for name in ("trace", "ncu"):
+            value = independent[name]
+            if isinstance(value, float):
+                gap = (timer - value) / value
+                agreed.append(abs(gap) <= AGREEMENT)
+                cells.append(f"{_format_time(value)} ({100 * gap:+.2f}%)")
+            else:
+                cells.append(value)
+        passed = bool(agreed) and all(agreed) and (spread <= REPEAT_CV or timer < 100e-6)
+        ok &= passed
+        lines.append([f"{impl.id} {case_id}", _format_time(timer), *cells,
+                      f"{100 * spread:.2f}% (n={len(medians)})",
+                      f"{runs[0].method}, {runs[0].stop_reason}, {runs[0].repeats} samples",
+                      "ok" if passed else "FAIL"])
+    print(table(lines, ["kernel", "timer (median of medians)", "XLA profiler trace",
+                        "ncu", "CV of medians", "first run", f"within {AGREEMENT:.0%}, CV<=1%"]))
+    return 0 if ok else 1
+
+
+def _selection_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("op", help="operation, e.g. softmax")
+    parser.add_argument("--impl", action="extend", nargs="+", help="implementation names")
+    parser.add_argument("--case", action="extend", nargs="+",
+                        help="keep cases whose id contains one of these")
+    parser.add_argument("--tags", nargs="+", help="case sets (default: gpu on a GPU, else cpu)")
+    parser.add_argument("--dtype", nargs="+", help="keep these dtypes (f32 bf16 f16)")
+    parser.add_argument("--dims", nargs="+", type=_dims, metavar="NAME=V1,V2",
+                        help="build cases over these dimensions instead of the declared ones")
+    parser.add_argument("--batch", type=_int_list, help="attention: batch sizes")
+    parser.add_argument("--heads", type=_int_list, help="attention: head counts")
+    parser.add_argument("--head-dim", dest="head_dim", type=_int_list,
+                        help="attention: head dimensions")
+    parser.add_argument("--seq-lengths", dest="seq_lengths", type=_int_list,
+                        help="attention: sequence lengths, e.g. 128,256,512")
+    parser.add_argument("--regime", choices=("cold", "hot"), default="cold")
+    parser.add_argument("--budget", type=float, help="wall-time budget per timing (s)")
+
+
+def add_commands(sub) -> dict[str, Callable[[argparse.Namespace], int]]:
+    """Register this module's subcommands on `sub`; returns name -> handler."""
+    timer = sub.add_parser("time", help="device time, TFLOP/s, GB/s, roofline, speedup")
+    _selection_arguments(timer)
+    timer.add_argument("--direction", nargs="+", choices=("fwd", "bwd"), default=["fwd"])
+    roof = sub.add_parser("roofline", help="time and place on the roofline; JSON + PNG in traces/")
+    _selection_arguments(roof)
+    roof.add_argument("--direction", nargs="+", choices=("fwd", "bwd"), default=["fwd", "bwd"])
+    roof.add_argument("--out", default="traces", help="directory for the JSON and charts")
+    plot = sub.add_parser("plot-roofline", help="redraw roofline charts from a data JSON")
+    plot.add_argument("json")
+    plot.add_argument("--out", help="directory for the charts (default: beside the JSON)")
+    ceil = sub.add_parser("ceilings", help="datasheet vs measured ceilings of this device")
+    ceil.add_argument("--refresh", action="store_true", help="measure again, ignoring the cache")
+    verify = sub.add_parser("verify-timing", help="timer vs profiler trace; CV over repeats")
+    verify.add_argument("--repeats", type=int, default=10)
+    verify.add_argument("--calls", type=int, default=20, help="calls traced / profiled")
+    verify.add_argument("--no-ncu", action="store_true", help="skip the ncu comparison")
+    return {"time": cmd_time, "roofline": cmd_roofline, "plot-roofline": cmd_plot_roofline,
+            "ceilings": cmd_ceilings, "verify-timing": cmd_verify_timing}

@@ -1,0 +1,154 @@
+"""Peak device memory per (implementation, case, direction), from XLA and from the device.
+
+Compiled peak: XLA's memory analysis of the executable (`compiled.memory_analysis()`):
+arguments + outputs + temporaries - bytes aliased between arguments and outputs.
+It is a static property of the compiled program, so it is the same on every run
+of a commit and is what asv tracks (`track_peak_memory`).
+
+Live peak (GPU only): the allocator's high-water mark (`device.memory_stats()
+["peak_bytes_in_use"]`) over placing the inputs and one call, less the bytes in
+use before. JAX cannot reset that mark, so it only counts when the call raises
+it; `measure_isolated` runs each measurement in a fresh process to make sure.
+
+"bwd" is one program: the forward and the vector-Jacobian product with a given
+cotangent, so what the forward keeps for the backward (or rematerialises) shows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import gc
+import json
+import os
+import pathlib
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from kernels import registry
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryUse:
+    """Bytes of one compiled program and, on GPU, of one run of it."""
+
+    impl: str
+    case: str
+    direction: str
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+    alias_bytes: int
+    live_peak_bytes: int | None = None  # None: not a GPU, or the mark was not raised
+
+    @property
+    def compiled_peak_bytes(self) -> int:
+        return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
+
+
+def program(impl: registry.Implementation, case: registry.Case,
+            direction: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """The function to compile for `direction` and its arguments (seed 0), on the device."""
+    import jax
+    import jax.numpy as jnp
+
+    from kernels import frameworks
+
+    if impl.framework != "jax":
+        raise ValueError(f"impl: expected a JAX implementation, got {impl.id} ({impl.framework})")
+    if direction not in registry.DIRECTIONS:
+        raise ValueError(f"direction: expected one of {registry.DIRECTIONS}, got {direction!r}")
+    op = registry.operation(impl.op)
+    if direction == "bwd" and not (op.differentiable and impl.differentiable):
+        raise ValueError(f"direction: {impl.id} has no backward, got 'bwd'")
+    rng = np.random.default_rng(0)
+    inputs = op.make_inputs(case, rng, op.distributions[0])
+    args = impl.place(case, frameworks.framework("jax").from_numpy(inputs))
+    forward = functools.partial(impl.fn, **case.kwargs)
+    if direction == "fwd":
+        return forward, args
+    output = jax.eval_shape(forward, *args)
+    cotangent = jnp.asarray(rng.standard_normal(output.shape, dtype=np.float32), output.dtype)
+
+    def backward(cotangent, *args):
+        return jax.vjp(forward, *args)[1](cotangent)
+
+    return backward, (cotangent, *args)
+
+
+def _bytes_in_use(device) -> tuple[int, int] | None:
+    stats = device.memory_stats()
+    if not stats or "peak_bytes_in_use" not in stats:
+        return None
+    return int(stats["bytes_in_use"]), int(stats["peak_bytes_in_use"])
+
+
+def measure(impl: registry.Implementation, case: registry.Case, direction: str = "fwd",
+            live: bool | None = None) -> MemoryUse:
+    """Compiled peak, and the live peak of one run where the device reports one (GPU).
+
+    live: run the program and read the allocator's high-water mark; by default
+    wherever the device keeps memory statistics.
+    """
+    import jax
+
+    device = jax.devices()[0]
+    gc.collect()
+    before = _bytes_in_use(device)
+    fn, args = program(impl, case, direction)
+    compiled = jax.jit(fn).lower(*args).compile()
+    analysis = compiled.memory_analysis()
+    live_peak = None
+    if before is not None and (live is None or live):
+        jax.block_until_ready(compiled(*args))
+        in_use_before, peak_before = before
+        _, peak_after = _bytes_in_use(device)
+        if peak_after > peak_before:  # otherwise an earlier, larger peak hides this one
+            live_peak = peak_after - in_use_before
+    return MemoryUse(impl=impl.id, case=case.id, direction=direction,
+                     argument_bytes=int(analysis.argument_size_in_bytes),
+                     output_bytes=int(analysis.output_size_in_bytes),
+                     temp_bytes=int(analysis.temp_size_in_bytes),
+                     alias_bytes=int(analysis.alias_size_in_bytes),
+                     live_peak_bytes=live_peak)
+
+
+def measure_isolated(impl: registry.Implementation, case: registry.Case,
+                     direction: str = "fwd") -> MemoryUse:
+    """`measure` in a fresh Python process, so the device's high-water mark starts at zero."""
+    package_root = str(pathlib.Path(__file__).resolve().parent.parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, "-m", "kernels.memory", impl.op, impl.name, case.id,
+                             direction], capture_output=True, text=True, env=env, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"measuring {impl.id} {case.id} {direction} in a subprocess failed "
+                           f"(exit {result.returncode}):\n{result.stderr[-4000:]}")
+    return MemoryUse(**json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+def human(size: int | None) -> str:
+    """1.5 GiB, 24.0 MiB, 512 B; '-' for None."""
+    if size is None:
+        return "-"
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+if __name__ == "__main__":
+    # python -m kernels.memory OP IMPL CASE DIRECTION: one measurement, as JSON on the last line.
+    from kernels import environment
+
+    environment.configure()
+    op_name, impl_name, case_id, direction_name = sys.argv[1:5]
+    chosen = next(c for c in registry.operation(op_name).cases if c.id == case_id)
+    use = measure(registry.implementation(op_name, impl_name), chosen, direction_name)
+    print(json.dumps(dataclasses.asdict(use)))

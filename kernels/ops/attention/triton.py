@@ -1,0 +1,434 @@
+"""Flash attention in Triton, forward and backward (FlashAttention-2), as a torch.autograd.Function.
+
+Forward (Dao 2023, "FlashAttention-2", Algorithm 1): one program per
+(query block, batch * head) keeps its Q tile in registers and walks the key
+blocks with an online softmax: a running max m and sum l per query row,
+rescaling the output accumulator by exp(m_old - m_new) when the max grows.
+Exponentials are exp2 with log2(e) folded into the scale. Under the causal
+mask, key blocks entirely above the diagonal are skipped, and only blocks on
+the diagonal or past the end of a ragged sequence pay for a mask. The
+log-sum-exp per query row (base 2, scaled logits) is saved for the backward.
+
+Backward (Algorithm 2, split in two kernels so neither needs atomics):
+delta = rowsum(dO * O) first; then one program per key block accumulates
+dK and dV over query blocks, and one program per query block accumulates dQ
+over key blocks. Both recompute P = exp2(S * scale * log2(e) - lse) from Q, K
+and the saved log-sum-exp: five matmuls in all.
+
+Inputs are (batch, seq, heads, head_dim), bf16/f16 (f32 with IEEE float32
+dots: the operation's float32 tolerance rules out TF32). P and dS are
+rounded to the input dtype before their matmuls, as every flash kernel does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import compat, frameworks, registry
+from kernels.ops.attention import spec
+
+compat.patch_triton_interpreter()
+
+LOG2E = 1.4426950408889634  # 1 / ln 2: exp(x) = exp2(x * LOG2E)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AttentionConfig:
+    """Tile sizes and warps (powers of two) and software-pipeline stages, per kernel.
+
+    Forward: block_m queries per program, block_n keys per step. dK/dV:
+    block_n1 keys per program, block_m1 queries per step. dQ: block_m2 queries
+    per program, block_n2 keys per step. Causal masking of a diagonal block
+    assumes block_m % block_n == 0, block_n1 % block_m1 == 0 and
+    block_m2 % block_n2 == 0 (each step then lies on or off the diagonal).
+    """
+
+    block_m: int = 128
+    block_n: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+    block_m1: int = 32
+    block_n1: int = 128
+    block_m2: int = 128
+    block_n2: int = 32
+    bwd_num_warps: int = 4
+    bwd_num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{field.name}: expected a positive int, got {value!r}")
+            if "stages" not in field.name and value & (value - 1):
+                raise ValueError(f"{field.name}: expected a power of two, got {value}")
+        for big, small in (("block_m", "block_n"), ("block_n1", "block_m1"),
+                           ("block_m2", "block_n2")):
+            if getattr(self, big) % getattr(self, small):
+                raise ValueError(f"{big}={getattr(self, big)} must be a multiple of "
+                                 f"{small}={getattr(self, small)}")
+
+
+# Per GPU model (torch.cuda.get_device_name), bf16/f16; float32 tiles are smaller (4-byte
+# elements, and IEEE dots use no tensor cores). Picked from H100 timings of a small grid.
+CONFIGS = {
+    "NVIDIA H100 80GB HBM3": {64: AttentionConfig(block_m=128, block_n=128, num_warps=8,
+                                                  num_stages=3),
+                              128: AttentionConfig(block_m=128, block_n=64, num_warps=8,
+                                                   num_stages=3)},
+}
+GENERIC_CONFIG = AttentionConfig()
+FLOAT32_CONFIG = AttentionConfig(block_m=64, block_n=32, num_warps=4, num_stages=2, block_m1=16,
+                                 block_n1=64, block_m2=64, block_n2=16, bwd_num_warps=4,
+                                 bwd_num_stages=2)
+# The interpreter runs each program in NumPy: small tiles keep CPU tests quick and still send
+# the tiny cases (seq 37, 65, 80) through several blocks, masked and unmasked.
+INTERPRETER_CONFIG = AttentionConfig(block_m=32, block_n=16, num_warps=4, num_stages=1,
+                                     block_m1=16, block_n1=32, block_m2=32, block_n2=16,
+                                     bwd_num_warps=4, bwd_num_stages=1)
+
+
+def default_config(dtype: torch.dtype, head_dim: int, device: torch.device) -> AttentionConfig:
+    if device.type != "cuda":
+        return INTERPRETER_CONFIG
+    if dtype == torch.float32:
+        return FLOAT32_CONFIG
+    return CONFIGS.get(torch.cuda.get_device_name(device), {}).get(head_dim, GENERIC_CONFIG)
+
+
+@triton.jit
+def _forward_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, start, end, seq, stride_s,
+                   qk_scale, BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr,
+                   BOUNDS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Online softmax over key blocks [start, end), masking only where asked (constexpr)."""
+    for start_n in range(start, end, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        keys = start_n + offs_n
+        if BOUNDS:
+            k = tl.load(k_ptrs + start_n * stride_s, mask=keys[None, :] < seq, other=0.0)
+        else:
+            k = tl.load(k_ptrs + start_n * stride_s)
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
+        if CAUSAL_MASK or BOUNDS:
+            keep = keys[None, :] < seq
+            if CAUSAL_MASK:
+                keep = keep & (keys[None, :] <= offs_m[:, None])
+            s = tl.where(keep, s, float("-inf"))
+        # Every row has met key 0 in the first block it saw, so m_new is finite.
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if BOUNDS:
+            v = tl.load(v_ptrs + start_n * stride_s, mask=keys[:, None] < seq, other=0.0)
+        else:
+            v = tl.load(v_ptrs + start_n * stride_s)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def attention_forward_kernel(
+    # Inputs
+    q_ptr, k_ptr, v_ptr,
+    # Outputs
+    o_ptr, lse_ptr,
+    # Shapes and strides (q, k, v, o share one contiguous layout)
+    stride_b, stride_s, stride_h, heads, seq, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    offset = (bh // heads).to(tl.int64) * stride_b + (bh % heads).to(tl.int64) * stride_h
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + offset + offs_m[:, None] * stride_s + offs_d[None, :],
+                mask=offs_m[:, None] < seq, other=0.0)
+    k_ptrs = k_ptr + offset + offs_n[None, :] * stride_s + offs_d[:, None]  # K^T tile
+    v_ptrs = v_ptr + offset + offs_n[:, None] * stride_s + offs_d[None, :]
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    # Keys before `full_end` need no mask: in range and, under the causal mask, visible to
+    # every query of this block. Causal blocks past the diagonal are never visited.
+    if CAUSAL:
+        end = tl.minimum(seq, start_m + BLOCK_M)
+        full_end = (tl.minimum(start_m, seq) // BLOCK_N) * BLOCK_N
+    else:
+        end = seq
+        full_end = (seq // BLOCK_N) * BLOCK_N
+    acc, l_i, m_i = _forward_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, 0, full_end,
+                                   seq, stride_s, qk_scale, BLOCK_N, False, False, DOT_PRECISION)
+    acc, l_i, m_i = _forward_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, full_end,
+                                   end, seq, stride_s, qk_scale, BLOCK_N, CAUSAL, True,
+                                   DOT_PRECISION)
+    in_range = offs_m < seq
+    tl.store(lse_ptr + bh.to(tl.int64) * seq + offs_m, m_i + tl.math.log2(l_i), mask=in_range)
+    o = acc / l_i[:, None]
+    tl.store(o_ptr + offset + offs_m[:, None] * stride_s + offs_d[None, :],
+             o.to(o_ptr.dtype.element_ty), mask=in_range[:, None])
+
+
+@triton.jit
+def attention_backward_kernel_delta(
+    # Inputs
+    o_ptr, do_ptr,
+    # Outputs
+    delta_ptr,
+    stride_b, stride_s, stride_h, heads, seq,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """delta = rowsum(dO * O) per query: the softmax backward's inner product."""
+    bh = tl.program_id(1)
+    offset = (bh // heads).to(tl.int64) * stride_b + (bh % heads).to(tl.int64) * stride_h
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    index = offset + offs_m[:, None] * stride_s + offs_d[None, :]
+    in_range = offs_m[:, None] < seq
+    o = tl.load(o_ptr + index, mask=in_range, other=0.0).to(tl.float32)
+    do = tl.load(do_ptr + index, mask=in_range, other=0.0).to(tl.float32)
+    tl.store(delta_ptr + bh.to(tl.int64) * seq + offs_m, tl.sum(o * do, 1), mask=offs_m < seq)
+
+
+@triton.jit
+def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, offs_n, offs_m, start, end,
+                seq, stride_s, qk_scale, BLOCK_M: tl.constexpr, CAUSAL_MASK: tl.constexpr,
+                BOUNDS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """dV += P^T dO and dK += dS^T Q over query blocks [start, end) (dK unscaled)."""
+    for start_m in range(start, end, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        queries = start_m + offs_m
+        if BOUNDS:
+            in_range = queries < seq
+            q_t = tl.load(q_ptrs + start_m * stride_s, mask=in_range[None, :], other=0.0)
+            do = tl.load(do_ptrs + start_m * stride_s, mask=in_range[:, None], other=0.0)
+            # +inf log-sum-exp makes P exactly 0 for queries past the end.
+            lse = tl.load(lse_ptr + queries, mask=in_range, other=float("inf"))
+            delta = tl.load(delta_ptr + queries, mask=in_range, other=0.0)
+        else:
+            q_t = tl.load(q_ptrs + start_m * stride_s)
+            do = tl.load(do_ptrs + start_m * stride_s)
+            lse = tl.load(lse_ptr + queries)
+            delta = tl.load(delta_ptr + queries)
+        s_t = tl.dot(k, q_t, input_precision=DOT_PRECISION)
+        p_t = tl.math.exp2(s_t * qk_scale - lse[None, :])
+        if CAUSAL_MASK:
+            p_t = tl.where(queries[None, :] >= offs_n[:, None], p_t, 0.0)
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t), dk, input_precision=DOT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def attention_backward_kernel_dkdv(
+    # Inputs
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
+    # Outputs
+    dk_ptr, dv_ptr,
+    stride_b, stride_s, stride_h, heads, seq, qk_scale, scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    start_n = tl.program_id(0) * BLOCK_N
+    bh = tl.program_id(1)
+    offset = (bh // heads).to(tl.int64) * stride_b + (bh % heads).to(tl.int64) * stride_h
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    kv_index = offset + offs_n[:, None] * stride_s + offs_d[None, :]
+    keys_in_range = offs_n[:, None] < seq
+    k = tl.load(k_ptr + kv_index, mask=keys_in_range, other=0.0)
+    v = tl.load(v_ptr + kv_index, mask=keys_in_range, other=0.0)
+    q_ptrs = q_ptr + offset + offs_m[None, :] * stride_s + offs_d[:, None]  # Q^T tile
+    do_ptrs = do_ptr + offset + offs_m[:, None] * stride_s + offs_d[None, :]
+    lse_ptr += bh.to(tl.int64) * seq
+    delta_ptr += bh.to(tl.int64) * seq
+
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    full_end = (seq // BLOCK_M) * BLOCK_M
+    start = 0
+    if CAUSAL:
+        # Queries before this key block see none of it; the diagonal blocks need the mask.
+        start = tl.minimum(start_n + BLOCK_N, seq)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, offs_n, offs_m,
+                             start_n, start, seq, stride_s, qk_scale, BLOCK_M, True, True,
+                             DOT_PRECISION)
+        full_end = tl.maximum(full_end, start)
+    dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, offs_n, offs_m,
+                         start, full_end, seq, stride_s, qk_scale, BLOCK_M, False, False,
+                         DOT_PRECISION)
+    dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, offs_n, offs_m,
+                         full_end, seq, seq, stride_s, qk_scale, BLOCK_M, False, True,
+                         DOT_PRECISION)
+    tl.store(dk_ptr + kv_index, (dk * scale).to(dk_ptr.dtype.element_ty), mask=keys_in_range)
+    tl.store(dv_ptr + kv_index, dv.to(dv_ptr.dtype.element_ty), mask=keys_in_range)
+
+
+@triton.jit
+def _dq_inner(dq, q, do, lse, delta, k_ptrs, v_ptrs, offs_m, offs_n, start, end, seq, stride_s,
+              qk_scale, BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, BOUNDS: tl.constexpr,
+              DOT_PRECISION: tl.constexpr):
+    """dQ += dS K over key blocks [start, end) (unscaled)."""
+    for start_n in range(start, end, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        keys = start_n + offs_n
+        if BOUNDS:
+            k_t = tl.load(k_ptrs + start_n * stride_s, mask=keys[None, :] < seq, other=0.0)
+            v_t = tl.load(v_ptrs + start_n * stride_s, mask=keys[None, :] < seq, other=0.0)
+        else:
+            k_t = tl.load(k_ptrs + start_n * stride_s)
+            v_t = tl.load(v_ptrs + start_n * stride_s)
+        s = tl.dot(q, k_t, input_precision=DOT_PRECISION)
+        p = tl.math.exp2(s * qk_scale - lse[:, None])
+        if CAUSAL_MASK or BOUNDS:
+            keep = keys[None, :] < seq
+            if CAUSAL_MASK:
+                keep = keep & (keys[None, :] <= offs_m[:, None])
+            p = tl.where(keep, p, 0.0)
+        dp = tl.dot(do, v_t, input_precision=DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k_t.dtype), tl.trans(k_t), dq, input_precision=DOT_PRECISION)
+    return dq
+
+
+@triton.jit
+def attention_backward_kernel_dq(
+    # Inputs
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr,
+    # Outputs
+    dq_ptr,
+    stride_b, stride_s, stride_h, heads, seq, qk_scale, scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    offset = (bh // heads).to(tl.int64) * stride_b + (bh % heads).to(tl.int64) * stride_h
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    index = offset + offs_m[:, None] * stride_s + offs_d[None, :]
+    in_range = offs_m < seq
+    q = tl.load(q_ptr + index, mask=in_range[:, None], other=0.0)
+    do = tl.load(do_ptr + index, mask=in_range[:, None], other=0.0)
+    lse = tl.load(lse_ptr + bh.to(tl.int64) * seq + offs_m, mask=in_range, other=float("inf"))
+    delta = tl.load(delta_ptr + bh.to(tl.int64) * seq + offs_m, mask=in_range, other=0.0)
+    k_ptrs = k_ptr + offset + offs_n[None, :] * stride_s + offs_d[:, None]  # K^T tile
+    v_ptrs = v_ptr + offset + offs_n[None, :] * stride_s + offs_d[:, None]  # V^T tile
+
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    if CAUSAL:
+        end = tl.minimum(seq, start_m + BLOCK_M)
+        full_end = (tl.minimum(start_m, seq) // BLOCK_N) * BLOCK_N
+    else:
+        end = seq
+        full_end = (seq // BLOCK_N) * BLOCK_N
+    dq = _dq_inner(dq, q, do, lse, delta, k_ptrs, v_ptrs, offs_m, offs_n, 0, full_end, seq,
+                   stride_s, qk_scale, BLOCK_N, False, False, DOT_PRECISION)
+    dq = _dq_inner(dq, q, do, lse, delta, k_ptrs, v_ptrs, offs_m, offs_n, full_end, end, seq,
+                   stride_s, qk_scale, BLOCK_N, CAUSAL, True, DOT_PRECISION)
+    tl.store(dq_ptr + index, (dq * scale).to(dq_ptr.dtype.element_ty), mask=in_range[:, None])
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"  # "tf32" is ignored for 16-bit inputs
+
+
+def _forward(q, k, v, causal: bool, config: AttentionConfig):
+    batch, seq, heads, head_dim = q.shape
+    o = frameworks.torch_empty(q.shape, q.dtype, q.device)
+    lse = frameworks.torch_empty((batch, heads, seq), torch.float32, q.device)
+    grid = (triton.cdiv(seq, config.block_m), batch * heads)
+    attention_forward_kernel[grid](
+        q, k, v, o, lse, q.stride(0), q.stride(1), q.stride(2), heads, seq,
+        spec.scale_of(head_dim) * LOG2E, HEAD_DIM=head_dim, BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n, CAUSAL=causal, DOT_PRECISION=_dot_precision(q.dtype),
+        num_warps=config.num_warps, num_stages=config.num_stages)
+    return o, lse
+
+
+def _backward(q, k, v, o, lse, do, causal: bool, config: AttentionConfig):
+    batch, seq, heads, head_dim = q.shape
+    strides = (q.stride(0), q.stride(1), q.stride(2))
+    delta = frameworks.torch_empty((batch, heads, seq), torch.float32, q.device)
+    attention_backward_kernel_delta[(triton.cdiv(seq, config.block_m2), batch * heads)](
+        o, do, delta, *strides, heads, seq, HEAD_DIM=head_dim, BLOCK_M=config.block_m2)
+    scale = spec.scale_of(head_dim)
+    common = dict(HEAD_DIM=head_dim, CAUSAL=causal, DOT_PRECISION=_dot_precision(q.dtype),
+                  num_warps=config.bwd_num_warps, num_stages=config.bwd_num_stages)
+    dk = frameworks.torch_empty(k.shape, k.dtype, k.device)
+    dv = frameworks.torch_empty(v.shape, v.dtype, v.device)
+    attention_backward_kernel_dkdv[(triton.cdiv(seq, config.block_n1), batch * heads)](
+        q, k, v, do, lse, delta, dk, dv, *strides, heads, seq, scale * LOG2E, scale,
+        BLOCK_M=config.block_m1, BLOCK_N=config.block_n1, **common)
+    dq = frameworks.torch_empty(q.shape, q.dtype, q.device)
+    attention_backward_kernel_dq[(triton.cdiv(seq, config.block_m2), batch * heads)](
+        q, k, v, do, lse, delta, dq, *strides, heads, seq, scale * LOG2E, scale,
+        BLOCK_M=config.block_m2, BLOCK_N=config.block_n2, **common)
+    return dq, dk, dv
+
+
+class FlashAttention(torch.autograd.Function):
+    """o = attention(q, k, v); saves q, k, v, o and the log-sum-exp for the backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, config: AttentionConfig):
+        o, lse = _forward(q, k, v, causal, config)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.config = causal, config
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(q, k, v, o, lse, do.contiguous(), ctx.causal, ctx.config)
+        return dq, dk, dv, None, None
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+              config: AttentionConfig | None = None) -> torch.Tensor:
+    """softmax(Q K^T / sqrt(head_dim) + causal mask) V, differentiable.
+
+    Args:
+      q, k, v: (batch, seq, heads, head_dim) tensors of one dtype (bf16, f16 or
+        f32) on one device; head_dim 64 or 128.
+      causal: mask key j > query i.
+      config: tiles and pipeline depth; `default_config` when None.
+    Returns:
+      (batch, seq, heads, head_dim) tensor of q's dtype.
+    """
+    spec.validate(q, k, v, causal)
+    for name, x in (("k", k), ("v", v)):
+        if x.device != q.device:
+            raise ValueError(f"{name}: expected device {q.device} like q, got {x.device}")
+    q, k, v = (x.contiguous() for x in (q, k, v))
+    config = config or default_config(q.dtype, q.shape[-1], q.device)
+    return FlashAttention.apply(q, k, v, bool(causal), config)
+
+
+def supports(case: registry.Case) -> str | None:
+    if case["head_dim"] not in spec.HEAD_DIMS:
+        return f"head_dim {case['head_dim']} not in {spec.HEAD_DIMS}"
+    return None
+
+
+registry.register_implementation(registry.Implementation(
+    op=spec.NAME,
+    name="triton",
+    fn=attention,
+    framework="torch",
+    requires=registry.Requirements(modules=("torch", "triton")),
+    supports=supports,
+    description="Triton FlashAttention-2: online softmax forward saving the log-sum-exp, "
+                "dK/dV and dQ backward kernels, torch.autograd.Function",
+))

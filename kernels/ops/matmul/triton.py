@@ -1,0 +1,187 @@
+"""Matmul in Triton: tiled C = A @ B with grouped tile order and float32 accumulation, autotuned.
+
+Each program computes one block_m x block_n tile of C, walking K in steps of
+block_k with a software pipeline of `num_stages` loads in flight. Programs are
+numbered in super-groups of `group_m` tile rows, so that tiles running at the
+same time share rows of A and columns of B in L2 (the grouped ordering of
+Triton's matmul tutorial). Rows of A and columns of B past the edge are read
+wrapped around (their results are never stored), so only the K tail needs a
+masked load, and only when K is not a multiple of block_k. The tile shape
+is chosen by `triton.autotune` over a small set keyed on (M, N, K).
+
+The backward reuses the same kernel on transposed views: dA = dC B^T and
+dB = A^T dC (the kernel takes any strides). float32 operands are multiplied
+in TF32, which the operation's float32 tolerance allows for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import compat, frameworks, registry
+from kernels.ops.matmul import spec
+
+compat.patch_triton_interpreter()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MatmulConfig:
+    """One point of the autotuning space: tile shape, group size, warps and pipeline depth."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 8
+    num_warps: int = 8
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "block_k", "group_m", "num_warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"{name}: expected a power of two, got {value}")
+        if self.num_stages < 1:
+            raise ValueError(f"num_stages: expected >= 1, got {self.num_stages}")
+
+    def to_triton(self) -> triton.Config:
+        return triton.Config({"BLOCK_M": self.block_m, "BLOCK_N": self.block_n,
+                              "BLOCK_K": self.block_k, "GROUP_M": self.group_m},
+                             num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+# Hopper-sized tiles (wgmma wants 64-row multiples per warp group; 128 x 256 x 64 with 3
+# stages is 144 KiB of shared memory in bf16) and two smaller ones for small or f32 products.
+GPU_CONFIGS = (
+    MatmulConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
+    MatmulConfig(block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=3),
+    MatmulConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4),
+    MatmulConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4),
+    MatmulConfig(block_m=64, block_n=128, block_k=32, num_warps=4, num_stages=4),
+    MatmulConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=3),
+)
+# The interpreter would time every config by running it in NumPy: one small tile, so the
+# tiny CPU cases still take several tiles and a K tail.
+INTERPRETER_CONFIGS = (MatmulConfig(block_m=64, block_n=64, block_k=32, group_m=2, num_warps=4,
+                                    num_stages=1),)
+
+
+def _configs() -> list[triton.Config]:
+    interpreting = os.environ.get("TRITON_INTERPRET", "") == "1"
+    return [c.to_triton() for c in (INTERPRETER_CONFIGS if interpreting else GPU_CONFIGS)]
+
+
+def _fits(configs, named_args, **kwargs):
+    """Drop tiles larger than the problem (a 128 x 256 tile for a 1-column product wastes
+    the whole launch), but keep at least the smallest config."""
+    m, n = named_args["M"], named_args["N"]
+    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= max(64, triton.next_power_of_2(m))
+            and c.kwargs["BLOCK_N"] <= max(64, triton.next_power_of_2(n))]
+    return kept or configs[-1:]
+
+
+@triton.autotune(configs=_configs(), key=["M", "N", "K"], prune_configs_by={
+    "early_config_prune": _fits})
+@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
+@triton.jit
+def matmul_kernel(
+    # Inputs
+    a_ptr, b_ptr,
+    # Outputs
+    c_ptr,
+    M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # Grouped order: GROUP_M tile rows are swept column by column before moving on.
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    tiles_per_group = GROUP_M * tiles_n
+    first_m = (pid // tiles_per_group) * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % tiles_per_group) % group_rows
+    pid_n = (pid % tiles_per_group) // group_rows
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    # Wrapped rows/columns keep every A and B load in bounds without a mask.
+    rows = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)
+    cols = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
+    a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + cols[None, :].to(tl.int64) * stride_bn
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_left = K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Launch on any strides; allocate C (NaN-poisoned under the correctness harness)."""
+    (m, k), n = a.shape, b.shape[1]
+    c = frameworks.torch_empty((m, n), a.dtype, a.device)
+    grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
+    matmul_kernel[grid](a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                        c.stride(0), c.stride(1),
+                        DOT_PRECISION="tf32")  # TF32 for f32; 16-bit dots ignore it
+    return c
+
+
+class Matmul(torch.autograd.Function):
+    """C = A @ B; backward dA = dC B^T, dB = A^T dC with the same kernel on transposed views."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return _matmul(a, b)
+
+    @staticmethod
+    def backward(ctx, dc):
+        a, b = ctx.saved_tensors
+        da = _matmul(dc, b.T) if ctx.needs_input_grad[0] else None
+        db = _matmul(a.T, dc) if ctx.needs_input_grad[1] else None
+        return da, db
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b, differentiable.
+
+    Args:
+      a: (m, k) tensor, bf16, f16 or f32.
+      b: (k, n) tensor of a's dtype on a's device.
+    Returns:
+      (m, n) tensor of a's dtype (accumulated in float32).
+    """
+    spec.validate(a, b)
+    if b.device != a.device:
+        raise ValueError(f"b: expected device {a.device} like a, got {b.device}")
+    return Matmul.apply(a, b)
+
+
+registry.register_implementation(registry.Implementation(
+    op=spec.NAME,
+    name="triton",
+    fn=matmul,
+    framework="torch",
+    requires=registry.Requirements(modules=("torch", "triton")),
+    description="Triton: tiled, grouped tile order, f32 accumulation, autotuned on (M, N, K); "
+                "backward by the same kernel on transposed views",
+))

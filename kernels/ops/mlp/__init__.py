@@ -1,0 +1,1 @@
+"""A stack of residual MLP blocks (the feed-forward part of a transformer)."""

@@ -1,0 +1,162 @@
+"""`python -m kernels profile | memory | hlo`: XProf traces, peak memory and HLO guards of any
+registered JAX implementation."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+
+def _case(op, case_id: str):
+    for case in op.cases:
+        if case.id == case_id:
+            return case
+    raise SystemExit(f"--case: expected one of {[c.id for c in op.cases]}, got {case_id!r}")
+
+
+def _impls(op_name: str, names: list[str] | None, jax_only: bool = True) -> list:
+    from kernels import registry
+
+    impls = [registry.implementation(op_name, n) for n in names] if names \
+        else registry.implementations(op_name)
+    if jax_only:
+        others = [impl.id for impl in impls if impl.framework != "jax"]
+        if others and names:
+            raise SystemExit(f"--impl: expected JAX implementations (XLA compiles and traces "
+                             f"them), got {others}")
+        impls = [impl for impl in impls if impl.framework == "jax"]
+    return impls
+
+
+def _default_tags() -> list[str]:
+    from kernels import devices
+
+    return ["gpu"] if devices.this_machine().has_gpu else ["cpu"]
+
+
+def _directions(op, impl, direction: str | None) -> list[str]:
+    if direction:
+        return [direction]
+    return ["fwd", "bwd"] if op.differentiable and impl.differentiable else ["fwd"]
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Trace an implementation (or several, side by side) on one case; print the top kernels."""
+    import jax
+
+    from kernels import devices, memory, profiling, registry
+
+    op = registry.operation(args.op)
+    case = _case(op, args.case)
+    impls = _impls(op.name, args.impl)
+    print(f"machine: {devices.this_machine().describe()}", flush=True)
+    labelled: list[tuple[str, Callable[[], Any]]] = []
+    for impl in impls:
+        reason = devices.case_unavailable_reason(impl, case)
+        if reason:
+            print(f"skipped {impl.id}: {reason}")
+            continue
+        fn, call_args = memory.program(impl, case, args.direction)
+        compiled = jax.jit(fn)
+        labelled.append((impl.name, lambda compiled=compiled, call_args=call_args:
+                         compiled(*call_args)))
+    if not labelled:
+        print("nothing to profile here")
+        return 1
+    name = f"{op.name}-{case.id}-{args.direction}"
+    if len(labelled) == 1:
+        profiling.quick_profile(name, labelled[0][1], iterations=args.iterations,
+                                root=args.traces, top=args.top)
+    else:
+        profiling.profile_comparison(name, *labelled, iterations=args.iterations,
+                                     root=args.traces, top=args.top)
+    return 0
+
+
+def cmd_memory(args: argparse.Namespace) -> int:
+    """Compiled peak (XLA's memory analysis) and, on GPU, the live high-water mark."""
+    from kernels import devices, memory, registry
+    from kernels.cli import table
+
+    machine = devices.this_machine()
+    print(f"machine: {machine.describe()}", flush=True)
+    op = registry.operation(args.op)
+    cases = [_case(op, c) for c in args.case] if args.case \
+        else registry.select_cases(op, args.tags or _default_tags())
+    rows = []
+    for impl in _impls(op.name, args.impl):
+        for case in cases:
+            reason = devices.case_unavailable_reason(impl, case, machine)
+            if reason:
+                rows.append([impl.name, case.id, "-", "-", "-", f"skipped: {reason}"])
+                continue
+            for direction in _directions(op, impl, args.direction):
+                # A fresh process per row on GPU: the device's high-water mark cannot be reset.
+                use = memory.measure_isolated(impl, case, direction) if machine.has_gpu \
+                    else memory.measure(impl, case, direction, live=False)
+                rows.append([impl.name, case.id, direction, memory.human(use.compiled_peak_bytes),
+                             memory.human(use.live_peak_bytes),
+                             f"temp {memory.human(use.temp_bytes)}"])
+                print(f"  measured {impl.id} {case.id} {direction}", file=sys.stderr, flush=True)
+    print(table(rows, ["implementation", "case", "direction", "compiled peak",
+                       "live peak (GPU)", "note"]))
+    return 0
+
+
+def cmd_hlo(args: argparse.Namespace) -> int:
+    """The HLO guard's report per case; exit status 1 if a rule is broken."""
+    from kernels import devices, hlo, registry
+
+    op = registry.operation(args.op)
+    cases = [_case(op, c) for c in args.case] if args.case \
+        else registry.select_cases(op, args.tags)
+    impls = [impl for impl in _impls(op.name, args.impl)
+             if impl.hlo is not None or args.impl]
+    broken = 0
+    for impl in impls:
+        if impl.hlo is None:
+            print(f"{impl.id}: declares no HLO expectation")
+            continue
+        for case in cases:
+            reason = devices.case_unavailable_reason(impl, case)
+            if reason:
+                print(f"{impl.id} {case.id}: skipped: {reason}")
+                continue
+            report = hlo.check(impl, case)
+            if report is None:
+                print(f"{impl.id} {case.id}: no rules for {hlo.platform()}")
+                continue
+            broken += not report.ok
+            print(report, flush=True)
+    return 1 if broken else 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> dict[str, Callable[[argparse.Namespace],
+                                                                         int]]:
+    """Add `profile`, `memory` and `hlo` to the CLI's subparsers; their handlers by name."""
+    profile = sub.add_parser("profile", help="XProf trace of implementations on one case, "
+                                             "and the top kernels by device time")
+    profile.add_argument("op")
+    profile.add_argument("--impl", action="append", help="implementation (repeatable; "
+                                                         "default: every JAX one)")
+    profile.add_argument("--case", required=True, help="case id, e.g. f32-32768x4096")
+    profile.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
+    profile.add_argument("--top", type=int, default=10, help="kernels to list")
+    profile.add_argument("--iterations", type=int, default=5, help="calls traced")
+    profile.add_argument("--traces", help="root folder (default: $KERNELPERF_TRACES or traces)")
+
+    memory = sub.add_parser("memory", help="peak device memory per implementation and case")
+    memory.add_argument("op")
+    memory.add_argument("--impl", action="append")
+    memory.add_argument("--case", action="append", help="case id (repeatable)")
+    memory.add_argument("--tags", nargs="+", help="case sets (default: gpu on a GPU, else cpu)")
+    memory.add_argument("--direction", choices=("fwd", "bwd"))
+
+    hlo = sub.add_parser("hlo", help="the HLO guard's report (fusions, custom calls, copies)")
+    hlo.add_argument("op")
+    hlo.add_argument("--impl", action="append")
+    hlo.add_argument("--case", action="append", help="case id (repeatable)")
+    hlo.add_argument("--tags", nargs="+", default=["cpu"], help="case sets (default: cpu)")
+    return {"profile": cmd_profile, "memory": cmd_memory, "hlo": cmd_hlo}

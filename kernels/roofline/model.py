@@ -1,0 +1,65 @@
+"""The roofline model: where a measured point sits under a device's ceilings.
+
+For work W (FLOPs) moving Q bytes in t seconds on a device with compute peak
+P and bandwidth B: intensity I = W / Q, attainable = min(P, I * B),
+achieved = W / t, fraction = achieved / attainable; the memory roof binds when
+I * B < P. A fraction above 1 cannot be a fast kernel: it means the work model
+counts too few bytes or FLOPs (or the ceiling is wrong), and is flagged.
+Work with no FLOPs (a copy, a broadcast) is judged by bandwidth alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kernels import registry
+from kernels.roofline.ceilings import Ceiling
+
+# Fractions above this are reported as a wrong work model rather than a fast kernel
+# (a little slack for timer noise at the roof).
+SUSPICIOUS_FRACTION = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    intensity: float  # FLOP/byte
+    achieved_flops: float  # FLOP/s
+    achieved_bandwidth: float  # bytes/s
+    peak_flops: float
+    bandwidth: float
+    attainable_flops: float
+    fraction: float  # of the attainable rate
+    bound: str  # "memory" or "compute": the roof that binds at this intensity
+    ceiling: str  # which ceilings: "measured" or "datasheet", and the device
+
+    @property
+    def suspicious(self) -> bool:
+        """Above the roof: the work model (or the ceiling) is wrong."""
+        return self.fraction > SUSPICIOUS_FRACTION
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self) | {"suspicious": self.suspicious}
+
+
+def place(work: registry.Work, seconds: float, ceiling: Ceiling, dtype: str, *,
+          devices: int = 1) -> Placement:
+    """Place `work` done in `seconds` under `ceiling` (times `devices`) for data of `dtype`."""
+    if seconds <= 0:
+        raise ValueError(f"seconds: expected > 0, got {seconds}")
+    if work.bytes <= 0:
+        raise ValueError(f"work.bytes: expected > 0, got {work.bytes}")
+    roofs = ceiling.scaled(devices)
+    peak = roofs.peak(dtype)
+    intensity = work.flops / work.bytes
+    achieved_bandwidth = work.bytes / seconds
+    if work.flops > 0:
+        attainable = min(peak, intensity * roofs.bandwidth)
+        fraction = work.flops / seconds / attainable
+    else:
+        attainable = 0.0
+        fraction = achieved_bandwidth / roofs.bandwidth
+    bound = "memory" if intensity * roofs.bandwidth < peak else "compute"
+    return Placement(intensity=intensity, achieved_flops=work.flops / seconds,
+                     achieved_bandwidth=achieved_bandwidth, peak_flops=peak,
+                     bandwidth=roofs.bandwidth, attainable_flops=attainable, fraction=fraction,
+                     bound=bound, ceiling=f"{ceiling.kind} {roofs.device}")

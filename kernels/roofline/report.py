@@ -1,0 +1,183 @@
+"""Roofline data files and charts: one chart per device model and direction.
+
+`collect()` times (implementation, case, direction) triples and places each
+under the device's ceilings; `write_data()` saves them as
+`traces/roofline_data_{MODEL}_{timestamp}.json`; `plot_data()` draws
+`traces/roofline_{fwd,bwd}_{MODEL}_{timestamp}.png` from such a file:
+log-log axes (FLOP/byte, TFLOP/s), the datasheet roofs dashed and the
+measured roofs solid, one compute roof per dtype among the points, every point
+labelled with its implementation and case.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import pathlib
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from kernels import registry
+from kernels.roofline import ceilings, model
+
+TRACES = pathlib.Path("traces")
+
+
+def progress(items: Sequence[Any], description: str) -> Iterator[Any]:
+    """Iterate with a progress bar (tqdm; a plain count on stderr where tqdm is missing)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        for index, item in enumerate(items):
+            print(f"{description}: {index + 1}/{len(items)}", file=sys.stderr, flush=True)
+            yield item
+        return
+    yield from tqdm(items, desc=description, unit="point")
+
+
+def point(impl: registry.Implementation, case: registry.Case, direction: str,
+          measurement, sheet: ceilings.Ceiling | None,
+          measured: ceilings.Ceiling | None) -> dict[str, Any]:
+    """One roofline point: work, timing summary, and its placement under each ceiling."""
+    work = registry.operation(impl.op).work(case, direction)
+    placements = {}
+    for ceiling in (measured, sheet):
+        if ceiling is not None:
+            placements[ceiling.kind] = model.place(work, measurement.median_s, ceiling,
+                                                   case.dtype,
+                                                   devices=impl.requires.devices).to_dict()
+    return {
+        "op": impl.op, "impl": impl.name, "baseline": impl.baseline, "case": case.id,
+        "direction": direction, "dtype": case.dtype, "devices": impl.requires.devices,
+        "flops": work.flops, "bytes": work.bytes,
+        "median_s": measurement.median_s, "cv": measurement.to_dict()["cv"],
+        "repeats": measurement.repeats, "method": measurement.method,
+        "regime": measurement.regime, "stop_reason": measurement.stop_reason,
+        "throttled": measurement.throttled_count, "placement": placements,
+    }
+
+
+def write_data(points: list[dict[str, Any]], device, sheet, measured,
+               directory: pathlib.Path = TRACES) -> pathlib.Path:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"roofline_data_{device.model}_{stamp}.json"
+    data = {"model": device.model, "timestamp": stamp, "fingerprint": device.to_dict(),
+            "ceilings": {"datasheet": sheet.to_dict() if sheet else None,
+                         "measured": measured.to_dict() if measured else None},
+            "points": points}
+    path.write_text(json.dumps(data, indent=1))
+    return path
+
+
+def _roofs(axes, ceiling: ceilings.Ceiling, dtypes: Iterable[str], x_range, scale: float,
+           unit: str) -> None:
+    """Draw `ceiling`'s roofs, one per distinct compute peak among `dtypes`."""
+    import numpy as np
+
+    by_peak: dict[float, list[str]] = {}
+    for dtype in dtypes:
+        by_peak.setdefault(ceiling.peak(dtype), []).append(dtype)
+    x = np.geomspace(*x_range, 200)
+    style = "--" if ceiling.kind == "datasheet" else "-"
+    for index, (peak, names) in enumerate(sorted(by_peak.items())):
+        axes.plot(x, np.minimum(peak, x * ceiling.bandwidth) / scale, style,
+                  color=f"C{index}" if ceiling.kind == "measured" else f"C{index + 5}",
+                  linewidth=1.3,
+                  label=f"{ceiling.kind} {'/'.join(names)}: {peak / scale:.3g} {unit}, "
+                        f"{ceiling.bandwidth / 1e9:.3g} GB/s")
+
+
+def plot(data: dict[str, Any], direction: str, path: pathlib.Path) -> pathlib.Path | None:
+    """Draw the `direction` points of a roofline data dict to `path`; None if there are none."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    points = [p for p in data["points"] if p["direction"] == direction and p["flops"] > 0]
+    if not points:
+        return None
+    roofs = [ceilings.Ceiling.from_dict(c) for c in (data["ceilings"]["datasheet"],
+                                                     data["ceilings"]["measured"]) if c]
+    dtypes = sorted({p["dtype"] for p in points})
+    intensities = [p["flops"] / p["bytes"] for p in points]
+    ridges = [c.peak(d) / c.bandwidth for c in roofs for d in dtypes]
+    x_range = (min(intensities + ridges) / 4, max(intensities + ridges) * 4)
+    top = max([c.peak(d) for c in roofs for d in dtypes] +
+              [p["flops"] / p["median_s"] for p in points])
+    scale, unit = (1e12, "TFLOP/s") if top >= 1e12 else (1e9, "GFLOP/s")
+
+    figure, axes = plt.subplots(figsize=(12, 7.5))
+    for ceiling in roofs:
+        _roofs(axes, ceiling, dtypes, x_range, scale, unit)
+    markers = "os^vD<>pP*Xh"
+    impls = sorted({(p["op"], p["impl"]) for p in points})
+    dtype_colors = {d: f"C{i}" for i, d in enumerate(dtypes)}
+    # Points at one intensity are labelled alternately right and left of their marker.
+    order = sorted(range(len(points)), key=lambda i: (intensities[i],
+                                                      points[i]["flops"] / points[i]["median_s"]))
+    side = {}
+    for rank, i in enumerate(order):
+        same_x = [j for j in order[:rank] if intensities[j] == intensities[i]]
+        side[i] = len(same_x) % 2
+    for i, (p, x) in enumerate(zip(points, intensities, strict=True)):
+        y = p["flops"] / p["median_s"] / scale
+        marker = markers[impls.index((p["op"], p["impl"])) % len(markers)]
+        axes.scatter([x], [y], marker=marker, color=dtype_colors[p["dtype"]], edgecolor="black",
+                     zorder=3, s=50)
+        placement = p["placement"].get("measured") or p["placement"].get("datasheet")
+        label = f"{p['impl']} {p['case']}"
+        if placement:
+            label += f" {100 * placement['fraction']:.0f}%"
+            if placement["suspicious"]:
+                label += " (>roof: work model?)"
+        axes.annotate(label, (x, y), textcoords="offset points",
+                      xytext=(7, -3) if side[i] == 0 else (-7, -3),
+                      ha="left" if side[i] == 0 else "right", fontsize=7.5)
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    axes.set_xlim(*x_range)
+    axes.set_xlabel("arithmetic intensity (FLOP/byte)")
+    axes.set_ylabel(unit)
+    ops = ", ".join(sorted({p["op"] for p in points}))
+    axes.set_title(f"{ops} {direction} on {data['fingerprint']['name']} ({data['timestamp']})\n"
+                   f"points: % of the measured roof (datasheet where none); "
+                   f"solid: measured roofs, dashed: datasheet", fontsize=10)
+    axes.grid(True, which="both", alpha=0.25)
+    roof_legend = axes.legend(fontsize=7.5, loc="upper left")
+    axes.add_artist(roof_legend)
+    handles = [Line2D([], [], linestyle="", marker=markers[k % len(markers)], color="gray",
+                      markeredgecolor="black", label=f"{op}-{impl}")
+               for k, (op, impl) in enumerate(impls)]
+    handles += [Line2D([], [], linestyle="", marker="s", color=dtype_colors[d], label=d)
+                for d in dtypes]
+    axes.legend(handles=handles, fontsize=7.5, loc="lower right", title="implementation / dtype",
+                title_fontsize=7.5)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=130)
+    plt.close(figure)
+    return path
+
+
+def plot_data(json_path: pathlib.Path, directory: pathlib.Path | None = None) -> list[pathlib.Path]:
+    """Charts (one per direction present) for a roofline data file, beside it by default."""
+    data = json.loads(pathlib.Path(json_path).read_text())
+    directory = directory or pathlib.Path(json_path).parent
+    written = []
+    for direction in registry.DIRECTIONS:
+        path = directory / f"roofline_{direction}_{data['model']}_{data['timestamp']}.png"
+        if plot(data, direction, path):
+            written.append(path)
+    return written
+
+
+def fraction_text(placement: model.Placement | None) -> str:
+    if placement is None or math.isnan(placement.fraction):
+        return "-"
+    text = f"{100 * placement.fraction:.0f}% {placement.bound[:3]}"
+    return text + " (!>roof: work model?)" if placement.suspicious else text

@@ -1,0 +1,456 @@
+"""Device-time measurement: one path for every implementation, on GPU and CPU.
+
+`measure(impl, case)` makes the case's inputs, places them for the
+implementation, compiles and warms up outside the timed region, then takes
+samples until the noise allows a verdict, and returns a `Measurement`.
+
+How a sample is taken (the `method` every result names):
+
+  "cupti"        JAX on a GPU: kernel time from CUPTI through
+                 `jax.experimental.mosaic.gpu.profiler.measure`; a sample is
+                 the sum of the kernel durations of one call.
+  "cuda-events"  torch / Triton on a GPU: a CUDA event pair around one call on
+                 the current stream (as `triton.testing.do_bench` does).
+  "host-clock"   the CPU, or a GPU JAX without CUPTI: perf_counter around one
+                 call that waits for its result. On a GPU this includes
+                 dispatch overhead (a 1.8 us kernel read 38.9 us), so it is
+                 labelled, never passed off as device time.
+
+Regimes: "cold" (default) writes exactly the L2 size (the last-level cache
+size on CPU) into a scratch buffer before every sample, outside the timed
+span, so the cache does not hold the inputs; "hot" runs calls back to back.
+
+How many samples: as nvbench does, samples are taken in growing batches until
+the coefficient of variation is under `max_noise` (0.5%) after at least
+`min_samples` samples and `min_time_s` of measured time ("converged"), or the
+wall-time budget is spent ("time-budget"), or `max_samples` are taken
+("max-samples"). The SM clock is read around every batch; samples taken while
+it ran well below its default are flagged as throttled, and kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from kernels import checking, fingerprint, frameworks, registry
+
+REGIMES = ("cold", "hot")
+WARMUP_CALLS = 3
+# Outputs a single batch of CUPTI iterations may keep alive at once (all of them
+# stay referenced until the batch ends).
+CUPTI_BATCH_BYTES = 4 << 30
+CPU_CACHE_FALLBACK_BYTES = 32 << 20
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StoppingRule:
+    """When to stop sampling (nvbench's criteria: noise after a minimum time, or a timeout)."""
+
+    min_samples: int = 20
+    min_time_s: float = 0.02  # measured time the samples must add up to before converging
+    max_noise: float = 0.005  # coefficient of variation that counts as converged
+    time_budget_s: float = 3.0  # wall time, overheads (flushes, dispatch) included
+    max_samples: int = 10_000
+    max_batch: int = 1000
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_samples <= self.max_samples:
+            raise ValueError(f"min_samples: expected 1 <= min_samples <= max_samples "
+                             f"({self.max_samples}), got {self.min_samples}")
+        if self.time_budget_s <= 0 or self.max_noise <= 0:
+            raise ValueError(f"time_budget_s and max_noise: expected > 0, got "
+                             f"{self.time_budget_s}, {self.max_noise}")
+
+
+class Sampler(Protocol):
+    def take(self, n: int) -> list[float]:
+        """n samples of one call's time, in seconds."""
+
+
+def coefficient_of_variation(samples: Sequence[float]) -> float:
+    if len(samples) < 2:
+        return float("inf")
+    mean = statistics.fmean(samples)
+    return statistics.stdev(samples) / mean if mean > 0 else float("inf")
+
+
+def collect(sampler: Sampler, rule: StoppingRule,
+            clock: Callable[[], float] = time.perf_counter) -> tuple[list[float], str]:
+    """Samples from `sampler` until `rule` says stop; (samples, stop reason)."""
+    samples: list[float] = []
+    start = clock()
+    batch = rule.min_samples
+    while True:
+        samples += sampler.take(min(batch, rule.max_samples - len(samples)))
+        if (len(samples) >= rule.min_samples and sum(samples) >= rule.min_time_s
+                and coefficient_of_variation(samples) <= rule.max_noise):
+            return samples, "converged"
+        if clock() - start >= rule.time_budget_s:
+            return samples, "time-budget"
+        if len(samples) >= rule.max_samples:
+            return samples, "max-samples"
+        batch = min(rule.max_batch, len(samples))  # double the count each round
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """The timing of one (implementation, case, direction): statistics, samples, how and where."""
+
+    label: str  # e.g. "softmax-xla f32-4096x4096 fwd"
+    median_s: float
+    min_s: float
+    max_s: float
+    cv: float  # coefficient of variation of the samples
+    repeats: int
+    samples: tuple[float, ...]
+    method: str  # "cupti", "cuda-events" or "host-clock"
+    regime: str  # "cold" or "hot"
+    stop_reason: str  # "converged", "time-budget" or "max-samples"
+    sm_clock_mhz: tuple[int | None, ...]  # per sample: the lower of the reads around its batch
+    throttled: tuple[bool, ...]  # per sample
+    fingerprint: dict[str, Any]
+
+    @classmethod
+    def from_samples(cls, samples: Sequence[float], *, clocks: Sequence[int | None] = (),
+                     throttled: Sequence[bool] = (), **fields: Any) -> Measurement:
+        if not samples:
+            raise ValueError("samples: expected at least one, got none")
+        return cls(median_s=statistics.median(samples), min_s=min(samples), max_s=max(samples),
+                   cv=coefficient_of_variation(samples), repeats=len(samples),
+                   samples=tuple(float(s) for s in samples),
+                   sm_clock_mhz=tuple(clocks) or (None,) * len(samples),
+                   throttled=tuple(throttled) or (False,) * len(samples), **fields)
+
+    @property
+    def throttled_count(self) -> int:
+        return sum(self.throttled)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        if not np.isfinite(out["cv"]):
+            out["cv"] = None  # JSON has no infinity
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Measurement:
+        data = dict(data)
+        data["cv"] = float("inf") if data["cv"] is None else data["cv"]
+        for key in ("samples", "sm_clock_mhz", "throttled"):
+            data[key] = tuple(data[key])
+        return cls(**data)
+
+
+@dataclasses.dataclass(frozen=True)
+class Timeable:
+    """What to time: `fn(*args)` in `framework` ("jax", "torch" or "host"), and where it runs."""
+
+    label: str
+    framework: str
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    on_gpu: bool
+
+
+def _cotangent(out_shape: Sequence[int], dtype: Any, seed: int) -> np.ndarray:
+    from kernels import dtypes
+
+    rng = np.random.default_rng(seed + 1_000_003)
+    return rng.standard_normal(tuple(out_shape)).astype(dtypes.to_numpy(dtypes.short_name(dtype)))
+
+
+def prepare(impl: registry.Implementation, case: registry.Case, *, direction: str = "fwd",
+            seed: int = 0) -> Timeable:
+    """Inputs made and placed for `impl`; for "bwd", the forward run once and its VJP to time.
+
+    The backward times only the pullback (jax.vjp's function / torch.autograd.grad
+    over a retained graph) with a random cotangent, not the forward again.
+    """
+    if direction not in registry.DIRECTIONS:
+        raise ValueError(f"direction: expected one of {registry.DIRECTIONS}, got {direction!r}")
+    op = registry.operation(impl.op)
+    if direction == "bwd" and not (op.differentiable and impl.differentiable):
+        raise ValueError(f"direction: {impl.id} has no backward; expected 'fwd', got 'bwd'")
+    fw = frameworks.framework(impl.framework)
+    args = impl.place(case, fw.from_numpy(checking.make_inputs(op, case, seed, "normal")))
+    kwargs = case.kwargs
+    label = f"{impl.id} {case.id} {direction}"
+    if impl.framework == "jax":
+        import jax
+
+        from kernels import compat
+
+        forward = functools.partial(impl.fn, **kwargs)
+        if direction == "fwd":
+            return Timeable(label, "jax", _jit(forward), args, compat.on_gpu())
+        out, pullback = jax.vjp(forward, *args)
+        cotangent = jax.numpy.asarray(_cotangent(out.shape, out.dtype, seed))
+        return Timeable(label, "jax", _jit(_apply), (pullback, cotangent), compat.on_gpu())
+
+    import torch
+
+    on_gpu = torch.cuda.is_available()
+    if direction == "fwd":
+        return Timeable(label, "torch", functools.partial(impl.fn, **kwargs), args, on_gpu)
+    leaves = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
+    out = impl.fn(*leaves, **kwargs)
+    cotangent = frameworks.numpy_to_torch(_cotangent(out.shape, out.dtype, seed), out.device.type)
+    inputs = [leaf for leaf in leaves if leaf.requires_grad]
+    backward = functools.partial(torch.autograd.grad, out, inputs, cotangent, retain_graph=True)
+    return Timeable(label, "torch", backward, (), on_gpu)
+
+
+def _apply(pullback, cotangent):
+    return pullback(cotangent)
+
+
+def _jit(fn):
+    import jax
+
+    return fn if hasattr(fn, "lower") else jax.jit(fn)
+
+
+def callable_timeable(label: str, fn: Callable[[], Any], framework: str) -> Timeable:
+    """A zero-argument torch or JAX callable as a Timeable (ceilings use it)."""
+    if framework == "torch":
+        import torch
+
+        return Timeable(label, "torch", fn, (), torch.cuda.is_available())
+    from kernels import compat
+
+    return Timeable(label, "jax", _jit(fn), (), compat.on_gpu())
+
+
+def l2_bytes(device: fingerprint.Fingerprint) -> int:
+    """Bytes a cold-regime flush writes: the GPU's L2, or the CPU's largest cache."""
+    if device.platform == "gpu":
+        if not device.l2_bytes:
+            raise RuntimeError(f"cannot flush L2 on {device.name}: its L2 size is unknown "
+                               f"(needs torch to read it); use regime='hot'")
+        return device.l2_bytes
+    sizes = []
+    for index in range(8):
+        try:
+            with open(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size") as size_file:
+                text = size_file.read().strip()
+        except OSError:
+            break
+        scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+        sizes.append(int(text.rstrip("KM")) * scale)
+    return max(sizes, default=CPU_CACHE_FALLBACK_BYTES)
+
+
+class _ClockedSampler:
+    """Wraps a sampler: reads the SM clock around each batch and flags throttled samples."""
+
+    def __init__(self, inner: Sampler, device: fingerprint.Fingerprint):
+        self.inner, self.device = inner, device
+        self.clocks: list[int | None] = []
+        self.throttled: list[bool] = []
+        self.first_clocks = self.last_clocks = None
+
+    def take(self, n: int) -> list[float]:
+        before = fingerprint.read_clocks()
+        samples = self.inner.take(n)
+        after = fingerprint.read_clocks()
+        self.first_clocks = self.first_clocks or before
+        self.last_clocks = after
+        reads = [c.sm_mhz for c in (before, after) if c is not None and c.sm_mhz is not None]
+        low = min(reads) if reads else None
+        self.clocks += [low] * len(samples)
+        self.throttled += [self.device.is_throttled(fingerprint.Clocks(sm_mhz=low))] * len(samples)
+        return samples
+
+    def reset(self) -> None:
+        self.clocks, self.throttled = [], []
+        self.first_clocks = self.last_clocks = None
+
+
+class _HostSampler:
+    """perf_counter around one call that waits for the result."""
+
+    def __init__(self, call: Callable[[], Any], flush: Callable[[], Any] | None):
+        self.call, self.flush = call, flush
+
+    def take(self, n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            if self.flush:
+                self.flush()
+            start = time.perf_counter()
+            self.call()
+            out.append(time.perf_counter() - start)
+        return out
+
+
+class _CudaEventSampler:
+    """CUDA events around each call on the current stream; the flush sits before the start event."""
+
+    def __init__(self, call: Callable[[], Any], flush: Callable[[], Any] | None):
+        self.call, self.flush = call, flush
+
+    def take(self, n: int) -> list[float]:
+        import torch
+
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        for start, end in zip(starts, ends, strict=True):
+            if self.flush:
+                self.flush()
+            start.record()
+            self.call()
+            end.record()
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) * 1e-3 for start, end in zip(starts, ends, strict=True)]
+
+
+class _CuptiSampler:
+    """Kernel time from CUPTI; in the cold regime each call first writes the L2-sized buffer.
+
+    The flush and the call are compiled into one program, ordered by an
+    optimization barrier (the call's inputs pass through it together with the
+    flushed buffer, so XLA keeps the write and runs it first); the flush's
+    kernels are thus the first of each iteration and are left out of the sum.
+    Construction checks that count: one call of the combined program must
+    launch the flush's kernels plus the call's own.
+    """
+
+    def __init__(self, fn, args: tuple[Any, ...], flush_bytes: int | None, measure):
+        import jax
+        import jax.numpy as jnp
+
+        self.measure, self.fn, self.args = measure, fn, args
+        self.flush_kernels = 0
+        if flush_bytes:
+            words = flush_bytes // 4
+
+            def flushed(token, *call_args):
+                buffer = jnp.broadcast_to(token, (words,))
+                _, call_args = jax.lax.optimization_barrier((buffer, call_args))
+                return fn(*call_args)
+
+            flush_only = jax.jit(lambda token: jnp.broadcast_to(token, (words,)))
+            self.flush_kernels = len(self._kernels(flush_only, (jnp.int32(1),)))
+            own = self._kernels(fn, args)
+            self.fn, self.args = jax.jit(flushed), (jnp.int32(1), *args)
+            combined = self._kernels(self.fn, self.args)
+            if len(combined) != self.flush_kernels + len(own) or not own:
+                raise RuntimeError(
+                    f"cold-regime CUPTI timing: the flushed program launches {len(combined)} "
+                    f"kernels ({[n for n, _ in combined]}), expected {self.flush_kernels} for "
+                    f"the flush plus the call's own {[n for n, _ in own]}; use regime='hot'")
+        out = jax.eval_shape(self.fn, *self.args)
+        out_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(out))
+        self.batch = max(1, CUPTI_BATCH_BYTES // max(out_bytes, 1))
+
+    def _kernels(self, fn, args) -> list[tuple[str, float]]:
+        _, kernels = self.measure(fn, aggregate=False)(*args)
+        return list(kernels or ())
+
+    def take(self, n: int) -> list[float]:
+        samples: list[float] = []
+        while len(samples) < n:
+            count = min(self.batch, n - len(samples))
+            _, timings = self.measure(self.fn, aggregate=False, iterations=count)(*self.args)
+            if timings is None:
+                raise RuntimeError("CUPTI saw no kernels: nothing ran on the GPU")
+            per_call = [timings] if count == 1 else timings
+            samples += [sum(ms for _, ms in kernels[self.flush_kernels:]) * 1e-3
+                        for kernels in per_call]
+        return samples
+
+
+def kernel_names(timeable: Timeable) -> list[str]:
+    """The GPU kernels one call of a JAX timeable launches, by CUPTI (verify-timing uses them)."""
+    from kernels import compat
+
+    _, kernels = compat.cupti_measure()(timeable.fn, aggregate=False)(*timeable.args)
+    return [name for name, _ in kernels or ()]
+
+
+def make_sampler(timeable: Timeable, regime: str,
+                 device: fingerprint.Fingerprint) -> tuple[_ClockedSampler, str]:
+    """A sampler for `timeable` in `regime`, and the method it measures by."""
+    if regime not in REGIMES:
+        raise ValueError(f"regime: expected one of {REGIMES}, got {regime!r}")
+    flush_bytes = l2_bytes(device) if regime == "cold" else None
+    if timeable.framework == "jax":
+        import jax
+
+        from kernels import compat
+
+        measure = compat.cupti_measure() if timeable.on_gpu else None
+        if measure is not None:
+            inner = _CuptiSampler(timeable.fn, timeable.args, flush_bytes, measure)
+            return _ClockedSampler(inner, device), "cupti"
+        flush = _jax_flush(flush_bytes) if flush_bytes else None
+        inner = _HostSampler(lambda: jax.block_until_ready(timeable.fn(*timeable.args)), flush)
+        return _ClockedSampler(inner, device), "host-clock"
+    if timeable.framework == "torch" and timeable.on_gpu:
+        flush = _torch_flush(flush_bytes) if flush_bytes else None
+        inner = _CudaEventSampler(functools.partial(timeable.fn, *timeable.args), flush)
+        return _ClockedSampler(inner, device), "cuda-events"
+    flush = _numpy_flush(flush_bytes) if flush_bytes else None
+    inner = _HostSampler(functools.partial(timeable.fn, *timeable.args), flush)
+    return _ClockedSampler(inner, device), "host-clock"
+
+
+def _torch_flush(nbytes: int) -> Callable[[], Any]:
+    import torch
+
+    buffer = torch.empty(nbytes, dtype=torch.int8, device="cuda")
+    return buffer.zero_
+
+
+def _jax_flush(nbytes: int) -> Callable[[], Any]:
+    import jax
+    import jax.numpy as jnp
+
+    write = jax.jit(lambda token: jnp.broadcast_to(token, (nbytes // 4,)))
+    return lambda: jax.block_until_ready(write(jnp.int32(1)))
+
+
+def _numpy_flush(nbytes: int) -> Callable[[], Any]:
+    buffer = np.empty(nbytes, dtype=np.int8)
+    return functools.partial(buffer.fill, 1)
+
+
+def default_rule(device: fingerprint.Fingerprint) -> StoppingRule:
+    """The CPU's host clock is noisier and its calls slower: a shorter budget there."""
+    budget = float(os.environ.get("KERNELPERF_TIME_BUDGET", "3.0" if device.platform == "gpu"
+                                  else "1.0"))
+    return StoppingRule(time_budget_s=budget)
+
+
+def time_timeable(timeable: Timeable, *, regime: str = "cold", rule: StoppingRule | None = None,
+                  device: fingerprint.Fingerprint | None = None) -> Measurement:
+    """Warm up (compiling), then sample `timeable` until `rule` stops; the Measurement."""
+    device = device or fingerprint.fingerprint()
+    rule = rule or default_rule(device)
+    sampler, method = make_sampler(timeable, regime, device)
+    sampler.take(WARMUP_CALLS)
+    sampler.reset()
+    samples, reason = collect(sampler, rule)
+    identity = device.to_dict()
+    identity["clocks_before"] = dataclasses.asdict(sampler.first_clocks) \
+        if sampler.first_clocks else None
+    identity["clocks_after"] = dataclasses.asdict(sampler.last_clocks) \
+        if sampler.last_clocks else None
+    return Measurement.from_samples(samples, clocks=sampler.clocks, throttled=sampler.throttled,
+                                    label=timeable.label, method=method, regime=regime,
+                                    stop_reason=reason, fingerprint=identity)
+
+
+def measure(impl: registry.Implementation, case: registry.Case, direction: str = "fwd",
+            regime: str = "cold", *, rule: StoppingRule | None = None,
+            seed: int = 0) -> Measurement:
+    """Time `impl` on `case` in `direction` ("fwd" or "bwd") on this machine's device."""
+    return time_timeable(prepare(impl, case, direction=direction, seed=seed), regime=regime,
+                         rule=rule)
