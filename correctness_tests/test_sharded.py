@@ -109,6 +109,26 @@ def test_interconnect_bandwidth_counts_received_bytes():
     assert result.bytes_per_second == pytest.approx(expected)
 
 
+def test_roofline_interconnect_roof_binds_when_communication_dominates():
+    from kernels.roofline import ceilings, model
+
+    ceiling = ceilings.Ceiling(device="toy", kind="measured", bandwidth=1e12, flops={"f32": 1e15})
+    # Over 8 devices: 1 ms of compute, 1 ms of memory traffic, 10 ms of communication.
+    work = registry.Work(flops=8e12, bytes=8e9, comm_bytes=8e7)
+    placed_ = model.place(work, 0.02, ceiling, "f32", devices=8, interconnect=1e9)
+    assert placed_.bound == "interconnect"
+    assert placed_.fraction == pytest.approx(0.5)  # 10 ms of communication in 20 ms
+    assert placed_.achieved_interconnect == pytest.approx(8e7 / 0.02 / 8)
+    without = model.place(work, 0.02, ceiling, "f32", devices=8)
+    assert without.bound != "interconnect" and without.interconnect is None
+
+
+def test_case_devices_come_from_the_mesh():
+    impl = registry.implementation(matmul_spec.NAME, "collective")
+    for case in registry.operation(matmul_spec.NAME).cases:
+        assert impl.devices_for(case) == sharding.mesh_size(case.kwargs["mesh"])
+
+
 # -- sharded matmul ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mesh", MODEL_MESHES)
