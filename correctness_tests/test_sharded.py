@@ -123,6 +123,18 @@ def test_roofline_interconnect_roof_binds_when_communication_dominates():
     assert without.bound != "interconnect" and without.interconnect is None
 
 
+@needs_mesh("2x1")
+def test_sharded_inputs_are_timed_by_wall_clock():
+    from kernels import timing
+
+    case = registry.make_case(matmul_spec.NAME, "f32", {"m": 64, "n": 32, "k": 48},
+                              params={"mesh": "2x1"})
+    impl = registry.implementation(matmul_spec.NAME, "collective")
+    for direction in registry.DIRECTIONS:
+        assert timing.spans_devices(timing.prepare(impl, case, direction=direction).args)
+    assert not timing.spans_devices((jnp.ones(4), np.ones(4)))
+
+
 def test_case_devices_come_from_the_mesh():
     impl = registry.implementation(matmul_spec.NAME, "collective")
     for case in registry.operation(matmul_spec.NAME).cases:

@@ -11,7 +11,8 @@ How a sample is taken (the `method` every result names):
                  the sum of the kernel durations of one call.
   "cuda-events"  torch / Triton on a GPU: a CUDA event pair around one call on
                  the current stream (as `triton.testing.do_bench` does).
-  "host-clock"   the CPU, or a GPU JAX without CUPTI: perf_counter around one
+  "host-clock"   the CPU, a GPU JAX without CUPTI, or JAX inputs sharded over
+                 several devices: perf_counter around one
                  call that waits for its result. On a GPU this includes
                  dispatch overhead (a 1.8 us kernel read 38.9 us), so it is
                  labelled, never passed off as device time.
@@ -375,6 +376,16 @@ def kernel_names(timeable: Timeable) -> list[str]:
     return [name for name, _ in kernels or ()]
 
 
+def spans_devices(args: Any) -> bool:
+    """Whether any JAX array in `args` is laid out over several devices. CUPTI sums kernel
+    durations over every device and stream, counting overlapped transfers and products
+    twice, so such calls are timed by the host clock (wall time)."""
+    import jax
+
+    return any(len(leaf.sharding.device_set) > 1 for leaf in jax.tree.leaves(args)
+               if isinstance(leaf, jax.Array))
+
+
 def make_sampler(timeable: Timeable, regime: str,
                  device: fingerprint.Fingerprint) -> tuple[_ClockedSampler, str]:
     """A sampler for `timeable` in `regime`, and the method it measures by."""
@@ -386,7 +397,8 @@ def make_sampler(timeable: Timeable, regime: str,
 
         from kernels import compat
 
-        measure = compat.cupti_measure() if timeable.on_gpu else None
+        measure = compat.cupti_measure() \
+            if timeable.on_gpu and not spans_devices(timeable.args) else None
         if measure is not None:
             inner = _CuptiSampler(timeable.fn, timeable.args, flush_bytes, measure)
             return _ClockedSampler(inner, device), "cupti"
