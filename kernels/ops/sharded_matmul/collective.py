@@ -14,7 +14,8 @@ limits by default (parallel collective overlap limit 1); the one-way ring is
 the default, and `python -m kernels.ops.sharded_matmul.overlap` times both.
 
 Gradients are JAX's own transpose of the shard_map: the ppermutes reverse, so
-dA comes back as a ring reduce-scatter, overlapped the same way.
+dA comes back as a ring reduce-scatter, each partial block travelling while
+the next is computed (the overlap script times the forward only).
 """
 
 from __future__ import annotations
