@@ -41,8 +41,9 @@ def route(x: jax.Array, router: jax.Array, top_k: int,
     """Dispatch and combine tensors, (groups, group_size, experts, slots) each.
 
     dispatch is 1 where a token occupies a slot of an expert; combine holds its
-    gate there. Router logits are computed in float32 at full precision so that
-    every implementation, sharded or not, picks the same experts.
+    gate there. Router logits are computed in float32 at full precision (exact
+    for the grid-valued inputs of make_inputs), so that every implementation,
+    sharded or not, picks the same experts.
     """
     experts = router.shape[1]
     logits = jnp.einsum("gsm,me->gse", x.astype(jnp.float32), router.astype(jnp.float32),
@@ -193,8 +194,7 @@ def _cases() -> tuple[registry.Case, ...]:
     # Capacity factor 1 with random routing overfills some experts: tokens are dropped.
     cases = [_case("f32", (8, 16, 8, 16, 8), mesh, "cpu") for mesh in ("8x1", "4x2", "2x4")]
     cases.append(_case("f32", (8, 16, 8, 16, 8), "4x2", "cpu", top_k=1, capacity_factor=2.0))
-    # Real sizes, kept to 8k tokens: the routing of the sharded and the one-device
-    # computation must agree token by token (router logits at full float32 precision).
+    # Real sizes (8k tokens); the reference's dense one-hot dispatch bounds them.
     cases += [_case("f32", (8, 1024, 1024, 4096, 8), mesh, "gpu", capacity_factor=1.25)
               for mesh in ("2x1", "1x2", "4x1", "2x2")]
     return tuple(cases)
