@@ -135,6 +135,22 @@ def test_sharded_inputs_are_timed_by_wall_clock():
     assert not timing.spans_devices((jnp.ones(4), np.ones(4)))
 
 
+@needs_mesh("8x1")
+def test_sharded_bench_reports_every_runnable_case(monkeypatch, capsys):
+    from kernels import sharded_bench
+
+    monkeypatch.setenv("KERNELPERF_TIME_BUDGET", "0.05")
+    assert sharded_bench.main(["--ops", "sharded_vmap", "--tags", "cpu"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()
+            if line.startswith("sharded_vmap-")]
+    op = registry.operation(vmap_spec.NAME)
+    expected = {(impl.id, case.id) for impl in registry.implementations(op.name)
+                for case in op.cases_tagged("cpu")}
+    assert {(row[0], row[1]) for row in rows} == expected
+    for row in rows:
+        assert float(row[3]) > 0 and float(row[4]) > 0 and row[5].endswith("x"), row
+
+
 def test_case_devices_come_from_the_mesh():
     impl = registry.implementation(matmul_spec.NAME, "collective")
     for case in registry.operation(matmul_spec.NAME).cases:
