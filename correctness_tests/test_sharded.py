@@ -175,13 +175,15 @@ def test_collective_matmul_rings_instead_of_gathering(mesh):
 
 
 @pytest.mark.parametrize("mesh", MODEL_MESHES)
-def test_bidirectional_ring_matches_reference(mesh):
-    """The registered collective matmul is the one-way ring; this is its other variant."""
+@pytest.mark.parametrize("config", [collective.Config(bidirectional=True),
+                                    collective.Config(latency_hiding=True)],
+                         ids=["bidirectional", "latency_hiding"])
+def test_other_ring_configs_match_reference(mesh, config):
+    """The registered collective matmul is the default config; these are its variants."""
     base = registry.implementation(matmul_spec.NAME, "collective")
-    config = collective.Config(bidirectional=True)
     assert config != collective.default_config()
     impl = registry.Implementation(
-        op=base.op, name="collective_bidirectional", prepare=base.prepare,
+        op=base.op, name="collective_variant", prepare=base.prepare,
         fn=lambda a, b, mesh: collective.matmul(a, b, mesh, config))
     if sharding.unavailable_reason(mesh):
         pytest.skip(sharding.unavailable_reason(mesh))

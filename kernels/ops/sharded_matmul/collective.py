@@ -29,12 +29,19 @@ import jax.numpy as jnp
 from kernels import compat, registry, sharding
 from kernels.ops.sharded_matmul import spec
 
+# An XLA debug option, per compilation (jax.jit's compiler_options), ignored off GPUs.
+LATENCY_HIDING_OPTION = "xla_gpu_enable_latency_hiding_scheduler"
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Config:
-    """bidirectional: send half of each block each way round the ring."""
+    """bidirectional: send half of each block each way round the ring.
+    latency_hiding: compile this function (only) with XLA's latency-hiding
+        scheduler, which moves each permute's start early and its done late.
+    """
 
     bidirectional: bool = False
+    latency_hiding: bool = False
 
 
 def default_config(case: registry.Case | None = None) -> Config:
@@ -79,8 +86,9 @@ def collective(mesh_shape: str, config: Config = Config()):
     mesh = sharding.make_mesh(mesh_shape)
     _, model = sharding.parse_mesh_shape(mesh_shape)
     body = functools.partial(_ring_matmul, ring=model, bidirectional=config.bidirectional)
+    options = {LATENCY_HIDING_OPTION: True} if config.latency_hiding else None
     return jax.jit(compat.shard_map(body, mesh=mesh, in_specs=(spec.A_SPEC, spec.B_SPEC),
-                                    out_specs=spec.C_SPEC))
+                                    out_specs=spec.C_SPEC), compiler_options=options)
 
 
 @functools.cache

@@ -5,8 +5,9 @@ XLA-partitioned, with scaling against one device and achieved interconnect bandw
 
 For each mesh: `compute-only` is the same per-device products with A already
 gathered (no communication, the time a perfectly hidden all-gather leaves);
-`collective` and `collective-bidir` are the ring collective matmul (one-way
-ring, the registered default, and the bidirectional ring); `xla` is
+`collective`, `collective-bidir` and `collective-lhs` are the ring collective
+matmul (one-way ring, the registered default; the bidirectional ring; the
+one-way ring compiled with XLA's latency-hiding scheduler); `xla` is
 jnp.matmul partitioned by XLA from the same layouts. `1 device` is the whole
 product on one device.
 
@@ -123,12 +124,18 @@ def run(m: int, n: int, k: int, meshes: list[str], dtype: str) -> list[dict]:
             ("collective", collective.collective(mesh_shape, collective.Config()), a_sharded),
             ("collective-bidir",
              collective.collective(mesh_shape, collective.Config(bidirectional=True)), a_sharded),
+            ("collective-lhs",
+             collective.collective(mesh_shape, collective.Config(latency_hiding=True)), a_sharded),
             ("xla", xla.partitioned(mesh_shape), a_sharded),
         ]
         t_compute = None
         for name, fn, a_in in variants:
             expected = NamedSharding(mesh, spec.C_SPEC)
-            out = fn(a_in, b_sharded)
+            try:
+                out = fn(a_in, b_sharded)
+            except Exception as error:  # e.g. a compile option this XLA does not know
+                print(f"{mesh_shape} {name}: failed: {str(error)[:300]}", file=sys.stderr)
+                continue
             if not out.sharding.is_equivalent_to(expected, 2):
                 raise AssertionError(f"{name} on {mesh_shape}: output sharding {out.sharding}, "
                                      f"expected {expected}")
