@@ -29,19 +29,12 @@ import jax.numpy as jnp
 from kernels import compat, registry, sharding
 from kernels.ops.sharded_matmul import spec
 
-# An XLA debug option, per compilation (jax.jit's compiler_options), ignored off GPUs.
-LATENCY_HIDING_OPTION = "xla_gpu_enable_latency_hiding_scheduler"
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Config:
-    """bidirectional: send half of each block each way round the ring.
-    latency_hiding: compile this function (only) with XLA's latency-hiding
-        scheduler, which moves each permute's start early and its done late.
-    """
+    """bidirectional: send half of each block each way round the ring."""
 
     bidirectional: bool = False
-    latency_hiding: bool = False
 
 
 def default_config(case: registry.Case | None = None) -> Config:
@@ -80,15 +73,19 @@ def _ring_matmul(a_block: jax.Array, b_block: jax.Array, *, ring: int,
     return out
 
 
-@functools.cache
-def collective(mesh_shape: str, config: Config = Config()):
-    """The jitted ring collective matmul for one mesh."""
+def ring(mesh_shape: str, config: Config = Config()):
+    """The ring collective matmul for one mesh, as a shard_map (not yet jitted)."""
     mesh = sharding.make_mesh(mesh_shape)
     _, model = sharding.parse_mesh_shape(mesh_shape)
     body = functools.partial(_ring_matmul, ring=model, bidirectional=config.bidirectional)
-    options = {LATENCY_HIDING_OPTION: True} if config.latency_hiding else None
-    return jax.jit(compat.shard_map(body, mesh=mesh, in_specs=(spec.A_SPEC, spec.B_SPEC),
-                                    out_specs=spec.C_SPEC), compiler_options=options)
+    return compat.shard_map(body, mesh=mesh, in_specs=(spec.A_SPEC, spec.B_SPEC),
+                            out_specs=spec.C_SPEC)
+
+
+@functools.cache
+def collective(mesh_shape: str, config: Config = Config()):
+    """The jitted ring collective matmul for one mesh."""
+    return jax.jit(ring(mesh_shape, config))
 
 
 @functools.cache
