@@ -35,6 +35,18 @@ pytest: install
 test-gpu:
 	$(PYTHON) -m pytest -m gpu -n 0
 
+# On a host with several GPUs: the sharded ops, then how much communication the
+# collective matmul hides.
+.PHONY: test-multi-gpu overlap sharded-bench
+test-multi-gpu:
+	$(PYTHON) -m pytest -m multi_gpu -n 0
+
+overlap:
+	$(PY) -m kernels.ops.sharded_matmul.overlap
+
+sharded-bench:
+	$(PY) -m kernels.sharded_bench
+
 list:
 	$(PY) -m kernels list
 

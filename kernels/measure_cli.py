@@ -211,8 +211,9 @@ def cmd_time(args: argparse.Namespace) -> int:
             continue
         m = row.measurement
         work = registry.operation(op.name).work(row.case, row.direction)
-        placement = model.place(work, m.median_s, ceiling, row.case.dtype,
-                                devices=row.impl.requires.devices) if ceiling else None
+        placement = model.place(
+            work, m.median_s, ceiling, row.case.dtype, devices=row.impl.devices_for(row.case),
+            interconnect=report.sharding_ceiling(row.impl, row.case, work)) if ceiling else None
         speedup = f"{speedups[index]:.2f}x" if index in speedups else \
             ("baseline" if row.impl.baseline else "-")
         lines.append([row.impl.id, row.case.id, row.direction, _format_time(m.median_s),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import pkgutil
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -196,6 +197,14 @@ class Implementation:
     prepare: Callable[..., tuple[Any, ...]] | None = None
     description: str = ""
     hlo: HloExpectation | None = None
+
+    def devices_for(self, case: Case) -> int:
+        """Devices `case` runs over: the size of its `mesh` parameter ("4x2": 8) where it
+        names one (the sharded operations), else `requires.devices`."""
+        mesh = case.kwargs.get("mesh")
+        if isinstance(mesh, str):
+            return math.prod(int(size) for size in mesh.lower().split("x"))
+        return self.requires.devices
 
     def place(self, case: Case, args: tuple[Any, ...]) -> tuple[Any, ...]:
         """Inputs as `fn` takes them: `prepare` applied, if any."""

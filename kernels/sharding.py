@@ -157,3 +157,12 @@ def interconnect_bandwidth(devices: int | None = None, *, message_bytes: int = 2
         times.append(time.perf_counter() - start)
     return Bandwidth(devices=n, message_bytes=elements * 4, seconds=float(np.median(times)),
                      timer="host clock, block_until_ready")
+
+
+@functools.cache
+def interconnect_ceiling(devices: int) -> float:
+    """All-gather bytes/s received per device over `devices` devices, measured once per
+    process: the interconnect roof of the roofline."""
+    # Host devices share one memory: a smaller message keeps the CPU measurement short.
+    message = 256 * 2**20 if jax.default_backend() == "gpu" else 16 * 2**20
+    return interconnect_bandwidth(devices, message_bytes=message).bytes_per_second

@@ -14,7 +14,8 @@ How a sample is taken (the `method` every result names):
                  the current stream (as `triton.testing.do_bench` does);
                  KERNELPERF_TORCH_TIMER=cupti times them by CUPTI instead,
                  which leaves out the GPU's idle time while the host launches.
-  "host-clock"   the CPU, or a GPU JAX without CUPTI: perf_counter around one
+  "host-clock"   the CPU, a GPU JAX without CUPTI, or JAX inputs sharded over
+                 several devices: perf_counter around one
                  call that waits for its result. On a GPU this includes
                  dispatch overhead (a 1.8 us kernel read 38.9 us), so it is
                  labelled, never passed off as device time.
@@ -397,6 +398,16 @@ def _torch_cupti_sampler(fn, args: tuple[Any, ...], flush_bytes: int | None,
 TORCH_TIMER_VARIABLE = "KERNELPERF_TORCH_TIMER"
 
 
+def spans_devices(args: Any) -> bool:
+    """Whether any JAX array in `args` is laid out over several devices. CUPTI sums kernel
+    durations over every device and stream, counting overlapped transfers and products
+    twice, so such calls are timed by the host clock (wall time)."""
+    import jax
+
+    return any(len(leaf.sharding.device_set) > 1 for leaf in jax.tree.leaves(args)
+               if isinstance(leaf, jax.Array))
+
+
 def make_sampler(timeable: Timeable, regime: str,
                  device: fingerprint.Fingerprint) -> tuple[_ClockedSampler, str]:
     """A sampler for `timeable` in `regime`, and the method it measures by."""
@@ -408,7 +419,8 @@ def make_sampler(timeable: Timeable, regime: str,
 
         from kernels import compat
 
-        session = compat.cupti_session() if timeable.on_gpu else None
+        session = compat.cupti_session() \
+            if timeable.on_gpu and not spans_devices(timeable.args) else None
         if session is not None:
             inner = _jax_cupti_sampler(timeable.fn, timeable.args, flush_bytes, session)
             return _ClockedSampler(inner, device), "cupti"

@@ -112,7 +112,7 @@ def _placement(impl, case, direction, seconds) -> model.Placement:
     sheet, measured = ceilings.for_device(fingerprint.fingerprint())
     chosen = measured or sheet
     return model.place(registry.operation(impl.op).work(case, direction), seconds, chosen,
-                       case.dtype, devices=impl.requires.devices)
+                       case.dtype, devices=impl.devices_for(case))
 
 
 class _OperationBenchmarks:

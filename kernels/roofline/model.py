@@ -6,6 +6,12 @@ achieved = W / t, fraction = achieved / attainable; the memory roof binds when
 I * B < P. A fraction above 1 cannot be a fast kernel: it means the work model
 counts too few bytes or FLOPs (or the ceiling is wrong), and is flagged.
 Work with no FLOPs (a copy, a broadcast) is judged by bandwidth alone.
+
+Sharded work has a third roof: C bytes crossing between n devices, each
+receiving at most L bytes/s (the all-gather bandwidth measured by
+`kernels.sharding.interconnect_bandwidth`), take at least C / (n L). Given
+`interconnect` = L, the fraction is the slowest roof's time over the measured
+time, max(W / P, Q / B, C / (n L)) / t, and the bound names that roof.
 """
 
 from __future__ import annotations
@@ -30,8 +36,10 @@ class Placement:
     bandwidth: float
     attainable_flops: float
     fraction: float  # of the attainable rate
-    bound: str  # "memory" or "compute": the roof that binds at this intensity
+    bound: str  # "memory", "compute" or "interconnect": the roof that binds
     ceiling: str  # which ceilings: "measured" or "datasheet", and the device
+    interconnect: float | None = None  # bytes/s each device receives, if given
+    achieved_interconnect: float | None = None  # comm_bytes / seconds / devices
 
     @property
     def suspicious(self) -> bool:
@@ -43,8 +51,9 @@ class Placement:
 
 
 def place(work: registry.Work, seconds: float, ceiling: Ceiling, dtype: str, *,
-          devices: int = 1) -> Placement:
-    """Place `work` done in `seconds` under `ceiling` (times `devices`) for data of `dtype`."""
+          devices: int = 1, interconnect: float | None = None) -> Placement:
+    """Place `work` done in `seconds` under `ceiling` (times `devices`) for data of `dtype`;
+    with `interconnect` (bytes/s per device), under the interconnect roof too."""
     if seconds <= 0:
         raise ValueError(f"seconds: expected > 0, got {seconds}")
     if work.bytes <= 0:
@@ -60,7 +69,16 @@ def place(work: registry.Work, seconds: float, ceiling: Ceiling, dtype: str, *,
         attainable = 0.0
         fraction = achieved_bandwidth / roofs.bandwidth
     bound = "memory" if intensity * roofs.bandwidth < peak else "compute"
+    achieved_interconnect = None
+    if interconnect and work.comm_bytes > 0 and devices > 1:
+        achieved_interconnect = work.comm_bytes / seconds / devices
+        comm_time = work.comm_bytes / (devices * interconnect)
+        floor = max(work.flops / peak, work.bytes / roofs.bandwidth)
+        if comm_time > floor:
+            bound, fraction = "interconnect", comm_time / seconds
+            attainable = work.flops / comm_time
     return Placement(intensity=intensity, achieved_flops=work.flops / seconds,
                      achieved_bandwidth=achieved_bandwidth, peak_flops=peak,
                      bandwidth=roofs.bandwidth, attainable_flops=attainable, fraction=fraction,
-                     bound=bound, ceiling=f"{ceiling.kind} {roofs.device}")
+                     bound=bound, ceiling=f"{ceiling.kind} {roofs.device}",
+                     interconnect=interconnect, achieved_interconnect=achieved_interconnect)

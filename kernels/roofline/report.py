@@ -37,6 +37,18 @@ def progress(items: Sequence[Any], description: str) -> Iterator[Any]:
     yield from tqdm(items, desc=description, unit="point")
 
 
+def sharding_ceiling(impl: registry.Implementation, case: registry.Case,
+                     work: registry.Work) -> float | None:
+    """Measured all-gather bandwidth per device over the case's devices, where the work
+    crosses devices (the third roof); None otherwise."""
+    devices = impl.devices_for(case)
+    if work.comm_bytes <= 0 or devices < 2:
+        return None
+    from kernels import sharding
+
+    return sharding.interconnect_ceiling(devices)
+
+
 def point(impl: registry.Implementation, case: registry.Case, direction: str,
           measurement, sheet: ceilings.Ceiling | None,
           measured: ceilings.Ceiling | None) -> dict[str, Any]:
@@ -45,12 +57,13 @@ def point(impl: registry.Implementation, case: registry.Case, direction: str,
     placements = {}
     for ceiling in (measured, sheet):
         if ceiling is not None:
-            placements[ceiling.kind] = model.place(work, measurement.median_s, ceiling,
-                                                   case.dtype,
-                                                   devices=impl.requires.devices).to_dict()
+            placements[ceiling.kind] = model.place(
+                work, measurement.median_s, ceiling, case.dtype, devices=impl.devices_for(case),
+                interconnect=sharding_ceiling(impl, case, work)).to_dict()
     return {
         "op": impl.op, "impl": impl.name, "baseline": impl.baseline, "case": case.id,
-        "direction": direction, "dtype": case.dtype, "devices": impl.requires.devices,
+        "direction": direction, "dtype": case.dtype, "devices": impl.devices_for(case),
+        "comm_bytes": work.comm_bytes,
         "flops": work.flops, "bytes": work.bytes,
         "median_s": measurement.median_s, "cv": measurement.to_dict()["cv"],
         "repeats": measurement.repeats, "method": measurement.method,

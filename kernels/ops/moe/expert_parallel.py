@@ -42,11 +42,11 @@ def sharded_moe(mesh_shape: str, top_k: int, slots: int, rules: sharding.MeshRul
                          f"axis ({rules.expert!r}) for the all-to-all dispatch")
     mesh = sharding.make_mesh(mesh_shape)
     body = functools.partial(_local_moe, top_k=top_k, slots=slots, rules=rules)
-    return jax.jit(compat.shard_map(body, mesh=mesh, in_specs=_in_specs(rules),
+    return jax.jit(compat.shard_map(body, mesh=mesh, in_specs=in_specs(rules),
                                     out_specs=rules.spec("batch", None, "embed")))
 
 
-def _in_specs(rules: sharding.MeshRules):
+def in_specs(rules: sharding.MeshRules):
     return (rules.spec("batch", None, "embed"), rules.spec("embed", None),
             rules.spec("expert", "embed", "mlp"), rules.spec("expert", "mlp", "embed"))
 
@@ -54,7 +54,7 @@ def _in_specs(rules: sharding.MeshRules):
 def prepare(case: registry.Case, *inputs: jax.Array) -> tuple[jax.Array, ...]:
     mesh = sharding.make_mesh(case.kwargs["mesh"])
     return tuple(sharding.place(x, mesh, s)
-                 for x, s in zip(inputs, _in_specs(spec.RULES), strict=True))
+                 for x, s in zip(inputs, in_specs(spec.RULES), strict=True))
 
 
 def moe(x: jax.Array, router: jax.Array, w_in: jax.Array, w_out: jax.Array, top_k: int,

@@ -41,8 +41,9 @@ def route(x: jax.Array, router: jax.Array, top_k: int,
     """Dispatch and combine tensors, (groups, group_size, experts, slots) each.
 
     dispatch is 1 where a token occupies a slot of an expert; combine holds its
-    gate there. Router logits are computed in float32 at full precision so that
-    every implementation, sharded or not, picks the same experts.
+    gate there. Router logits are computed in float32 at full precision (exact
+    for the grid-valued inputs of make_inputs), so that every implementation,
+    sharded or not, picks the same experts.
     """
     experts = router.shape[1]
     logits = jnp.einsum("gsm,me->gse", x.astype(jnp.float32), router.astype(jnp.float32),
@@ -122,16 +123,29 @@ def supports(case: registry.Case) -> str | None:
 
 def make_inputs(case: registry.Case, rng: np.random.Generator,
                 distribution: str) -> tuple[np.ndarray, ...]:
-    """Normal entries, weights scaled by 1/sqrt(fan-in); "large" scales x by 10 (sharper gates)."""
+    """Normal entries, weights scaled by 1/sqrt(fan-in); "large" scales x by 10.
+
+    x and the router are rounded to coarse binary grids (x to 1/8, or to
+    integers for "large"; the router to 1/64): every product x * router is
+    then exact and every router logit an exact sum in float32 (and TF32)
+    whatever the summation order. Routing is a discrete choice; exact logits
+    make it the same on one device and sharded, so the comparison with the
+    reference measures the experts, not a near-tie broken differently.
+    """
     g, s, m, h, e = (case[d] for d in ("groups", "group_size", "embed", "mlp", "experts"))
     dtype = dtypes.to_numpy(case.dtype)
-    x_scale = 10.0 if distribution == "large" else 1.0
 
     def normal(shape, scale):
-        return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(dtype)
+        return rng.standard_normal(shape, dtype=np.float32) * scale
 
-    return (normal((g, s, m), x_scale), normal((m, e), 1 / np.sqrt(m)),
-            normal((e, m, h), 1 / np.sqrt(m)), normal((e, h, m), 1 / np.sqrt(h)))
+    def on_grid(x, step, bound):
+        return np.clip(np.round(x / step) * step, -bound, bound).astype(dtype)
+
+    x = (on_grid(normal((g, s, m), 10.0), 1.0, 40.0) if distribution == "large"
+         else on_grid(normal((g, s, m), 1.0), 1 / 8, 4.0))
+    router = on_grid(normal((m, e), 1 / np.sqrt(m)), 1 / 64, 1.0)
+    return (x, router, normal((e, m, h), 1 / np.sqrt(m)).astype(dtype),
+            normal((e, h, m), 1 / np.sqrt(h)).astype(dtype))
 
 
 def work(case: registry.Case, direction: str) -> registry.Work:
@@ -162,9 +176,10 @@ def work(case: registry.Case, direction: str) -> registry.Work:
 
 
 def tolerance(case: registry.Case) -> float:
-    # GPUs multiply float32 in TF32 by default (10-bit mantissa), as the matmul op allows.
+    """Four chained products (dispatch, the expert's two layers, combine), each rounding its
+    inputs: GPUs multiply float32 in TF32 by default (10-bit mantissa), as the matmul op allows."""
     tf32 = 2.0 ** -10 if case.dtype == "f32" else 0.0
-    return 2 * (tf32 + checking.relative_tolerance(case.dtype, max(case["embed"], case["mlp"])))
+    return 4 * (tf32 + checking.relative_tolerance(case.dtype, max(case["embed"], case["mlp"])))
 
 
 def _case(dtype: str, dims: tuple[int, ...], mesh: str, *tags: str, top_k: int = 2,
@@ -179,7 +194,8 @@ def _cases() -> tuple[registry.Case, ...]:
     # Capacity factor 1 with random routing overfills some experts: tokens are dropped.
     cases = [_case("f32", (8, 16, 8, 16, 8), mesh, "cpu") for mesh in ("8x1", "4x2", "2x4")]
     cases.append(_case("f32", (8, 16, 8, 16, 8), "4x2", "cpu", top_k=1, capacity_factor=2.0))
-    cases += [_case("f32", (8, 2048, 1024, 4096, 8), mesh, "gpu", capacity_factor=1.25)
+    # Real sizes (8k tokens); the reference's dense one-hot dispatch bounds them.
+    cases += [_case("f32", (8, 1024, 1024, 4096, 8), mesh, "gpu", capacity_factor=1.25)
               for mesh in ("2x1", "1x2", "4x1", "2x2")]
     return tuple(cases)
 

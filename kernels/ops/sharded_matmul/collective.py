@@ -14,7 +14,8 @@ limits by default (parallel collective overlap limit 1); the one-way ring is
 the default, and `python -m kernels.ops.sharded_matmul.overlap` times both.
 
 Gradients are JAX's own transpose of the shard_map: the ppermutes reverse, so
-dA comes back as a ring reduce-scatter, overlapped the same way.
+dA comes back as a ring reduce-scatter, each partial block travelling while
+the next is computed (the overlap script times the forward only).
 """
 
 from __future__ import annotations
@@ -72,14 +73,19 @@ def _ring_matmul(a_block: jax.Array, b_block: jax.Array, *, ring: int,
     return out
 
 
-@functools.cache
-def collective(mesh_shape: str, config: Config = Config()):
-    """The jitted ring collective matmul for one mesh."""
+def ring(mesh_shape: str, config: Config = Config()):
+    """The ring collective matmul for one mesh, as a shard_map (not yet jitted)."""
     mesh = sharding.make_mesh(mesh_shape)
     _, model = sharding.parse_mesh_shape(mesh_shape)
     body = functools.partial(_ring_matmul, ring=model, bidirectional=config.bidirectional)
-    return jax.jit(compat.shard_map(body, mesh=mesh, in_specs=(spec.A_SPEC, spec.B_SPEC),
-                                    out_specs=spec.C_SPEC))
+    return compat.shard_map(body, mesh=mesh, in_specs=(spec.A_SPEC, spec.B_SPEC),
+                            out_specs=spec.C_SPEC)
+
+
+@functools.cache
+def collective(mesh_shape: str, config: Config = Config()):
+    """The jitted ring collective matmul for one mesh."""
+    return jax.jit(ring(mesh_shape, config))
 
 
 @functools.cache

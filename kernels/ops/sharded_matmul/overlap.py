@@ -5,22 +5,24 @@ XLA-partitioned, with scaling against one device and achieved interconnect bandw
 
 For each mesh: `compute-only` is the same per-device products with A already
 gathered (no communication, the time a perfectly hidden all-gather leaves);
-`collective` and `collective-bidir` are the ring collective matmul (one-way
-ring, the registered default, and the bidirectional ring); `xla` is
+`collective`, `collective-bidir` and `collective-lhs` are the ring collective
+matmul (one-way ring, the registered default; the bidirectional ring; the
+one-way ring compiled with XLA's latency-hiding scheduler); `xla` is
 jnp.matmul partitioned by XLA from the same layouts. `1 device` is the whole
 product on one device.
 
-Timing is the host clock around back-to-back calls ending in
-block_until_ready (medians of repeats): these products take milliseconds per
-call, where dispatch overhead is a few percent (device/NOTES.md), and wall
-time is what counts when transfers and products overlap on different streams.
+Timing is kernels.timing's host clock around 10 back-to-back calls ending in
+block_until_ready (its median and stopping rule): these products take
+milliseconds per call, so dispatch overhead is a few percent at most
+(device/NOTES.md), and wall time is what counts when transfers and products
+overlap on different streams.
 `hidden` = compute-only time / variant time (1.0: communication fully hidden;
 goal >= 0.9). `GB/s/dev` is the bytes each device receives in the all-gather
 of A divided by the variant's time (a floor on the link rate achieved while
 overlapping), beside the all-gather bandwidth measured alone
 (`kernels.sharding`). `overlap` reads the compiled HLO: per asynchronous
 collective-permute, how many matrix products were scheduled between its start
-and its done.
+and its done (comma-separated; "-" where there is none).
 """
 
 from __future__ import annotations
@@ -28,31 +30,42 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import statistics
 import sys
-import time
 
 from kernels import environment
 
 # XLA's GPU scheduler that moves asynchronous collectives' starts early and
-# their dones late, around independent work.
-LATENCY_HIDING = "--xla_gpu_enable_latency_hiding_scheduler=true"
+# their dones late, around independent work: for the whole process, or per jit.
+LATENCY_HIDING_OPTION = "xla_gpu_enable_latency_hiding_scheduler"
+LATENCY_HIDING = f"--{LATENCY_HIDING_OPTION}=true"
 
 
-def host_time(fn, *args, repeats: int = 10, calls: int = 10) -> float:
-    """Median seconds per call: `calls` back-to-back dispatches per sample, then a wait."""
+# Calls per timing sample: back-to-back dispatches amortise the host's launch overhead.
+CALLS_PER_SAMPLE = 10
+
+
+def host_time(label: str, fn, *args) -> tuple[float, str]:
+    """Seconds per call by kernels.timing's host clock (median of samples of CALLS_PER_SAMPLE
+    back-to-back calls ending in block_until_ready), and how sampling stopped.
+
+    Not CUPTI: CUPTI sums kernel durations over every device and stream, which
+    counts overlapped transfers and products twice; wall time is the quantity here.
+    """
     import jax
 
-    jax.block_until_ready(fn(*args))  # compile and warm up outside the timed region
-    jax.block_until_ready(fn(*args))
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
+    from kernels import timing
+
+    def calls():
+        for _ in range(CALLS_PER_SAMPLE):
             out = fn(*args)
         jax.block_until_ready(out)
-        samples.append((time.perf_counter() - start) / calls)
-    return statistics.median(samples)
+
+    jax.block_until_ready(fn(*args))  # compile outside the timed region
+    measurement = timing.time_timeable(timing.Timeable(label, "host", calls, (), False),
+                                       regime="hot")
+    return (measurement.median_s / CALLS_PER_SAMPLE,
+            f"{measurement.method}, n={measurement.repeats}, CV {100 * measurement.cv:.1f}%, "
+            f"{measurement.stop_reason}")
 
 
 def products_between_permutes(hlo: str) -> list[int]:
@@ -74,7 +87,7 @@ def products_between_permutes(hlo: str) -> list[int]:
     return counts
 
 
-def run(m: int, n: int, k: int, meshes: list[str], dtype: str, repeats: int) -> list[dict]:
+def run(m: int, n: int, k: int, meshes: list[str], dtype: str) -> list[dict]:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -92,9 +105,9 @@ def run(m: int, n: int, k: int, meshes: list[str], dtype: str, repeats: int) -> 
 
     one = jax.devices()[0]
     single = jax.jit(jnp.matmul)
-    t_one = host_time(single, jax.device_put(a, one), jax.device_put(b, one), repeats=repeats)
+    t_one, how = host_time("1 device", single, jax.device_put(a, one), jax.device_put(b, one))
     rows = [dict(mesh="1 device", variant="jnp.matmul", seconds=t_one, flops=flops,
-                 speedup=1.0, hidden=None, gbps=None, overlap="")]
+                 speedup=1.0, hidden=None, gbps=None, overlap="", timing=how)]
     for mesh_shape in meshes:
         reason = sharding.unavailable_reason(mesh_shape)
         if reason:
@@ -112,23 +125,31 @@ def run(m: int, n: int, k: int, meshes: list[str], dtype: str, repeats: int) -> 
             ("collective", collective.collective(mesh_shape, collective.Config()), a_sharded),
             ("collective-bidir",
              collective.collective(mesh_shape, collective.Config(bidirectional=True)), a_sharded),
+            # Compiler options apply to a top-level jit only (not inside vjp or
+            # another jit), so this variant exists here rather than as a Config.
+            ("collective-lhs", jax.jit(collective.ring(mesh_shape),
+                                       compiler_options={LATENCY_HIDING_OPTION: True}), a_sharded),
             ("xla", xla.partitioned(mesh_shape), a_sharded),
         ]
         t_compute = None
         for name, fn, a_in in variants:
             expected = NamedSharding(mesh, spec.C_SPEC)
-            out = fn(a_in, b_sharded)
+            try:
+                out = fn(a_in, b_sharded)
+            except Exception as error:  # e.g. a compile option this XLA does not know
+                print(f"{mesh_shape} {name}: failed: {str(error)[:300]}", file=sys.stderr)
+                continue
             if not out.sharding.is_equivalent_to(expected, 2):
                 raise AssertionError(f"{name} on {mesh_shape}: output sharding {out.sharding}, "
                                      f"expected {expected}")
-            seconds = host_time(fn, a_in, b_sharded, repeats=repeats)
+            seconds, how = host_time(f"{mesh_shape} {name}", fn, a_in, b_sharded)
             t_compute = seconds if name == "compute-only" else t_compute
             counts = products_between_permutes(fn.lower(a_in, b_sharded).compile().as_text())
             rows.append(dict(
                 mesh=mesh_shape, variant=name, seconds=seconds, flops=flops,
                 speedup=t_one / seconds, hidden=t_compute / seconds,
                 gbps=received / seconds / 1e9 if name != "compute-only" and model > 1 else None,
-                overlap=",".join(map(str, counts))))
+                overlap=",".join(map(str, counts)), timing=how))
     return rows
 
 
@@ -143,7 +164,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mesh", action="append",
                         help="DATAxMODEL, repeatable (default: 1xN and 2x(N/2) for N = 2, 4, "
                              "... up to the device count)")
-    parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--latency-hiding", action="store_true",
                         help=f"add {LATENCY_HIDING} to XLA_FLAGS (before JAX starts)")
     args = parser.parse_args(argv)
@@ -159,22 +179,22 @@ def main(argv: list[str] | None = None) -> int:
                            for shape in ([f"1x{n}"] + ([f"2x{n // 2}"] if n >= 4 else []))]
     device = jax.devices()[0]
     print(f"{count} x {device.device_kind} ({device.platform}), jax {jax.__version__}; "
-          f"{args.dtype} ({args.m}, {args.k}) @ ({args.k}, {args.n}); timer: host clock, "
-          f"block_until_ready, median of {args.repeats} x 10 calls; "
+          f"{args.dtype} ({args.m}, {args.k}) @ ({args.k}, {args.n}); timer: kernels.timing "
+          f"host clock over {CALLS_PER_SAMPLE} back-to-back calls per sample; "
           f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
     for n in sorted({sharding.mesh_size(s) for s in meshes} - {1}):
         bw = sharding.interconnect_bandwidth(n)
         print(f"all-gather alone over {n} devices: {bw.bytes_per_second / 1e9:.1f} GB/s received "
               f"per device ({bw.message_bytes / 2**20:.0f} MiB gathered, {bw.timer})")
-    rows = run(args.m, args.n, args.k, meshes, args.dtype, args.repeats)
+    rows = run(args.m, args.n, args.k, meshes, args.dtype)
     print(f"{'mesh':>9} {'variant':>18} {'ms':>8} {'TFLOP/s':>8} {'vs 1 dev':>8} "
-          f"{'hidden':>7} {'GB/s/dev':>9}  overlap (products per permute)")
+          f"{'hidden':>7} {'GB/s/dev':>9} {'overlap':>8}  timing")
     for row in rows:
         hidden = f"{row['hidden']:.3f}" if row["hidden"] is not None else "-"
         gbps = f"{row['gbps']:.1f}" if row["gbps"] is not None else "-"
         print(f"{row['mesh']:>9} {row['variant']:>18} {row['seconds'] * 1e3:8.3f} "
               f"{row['flops'] / row['seconds'] / 1e12:8.1f} {row['speedup']:8.2f}x "
-              f"{hidden:>7} {gbps:>9}  {row['overlap']}")
+              f"{hidden:>7} {gbps:>9} {row['overlap'] or '-':>8}  {row['timing']}")
     return 0
 
 
