@@ -62,10 +62,21 @@ class DeviceClock:
         cls.now += seconds
 
 
+def _wanted(name: str, variable: str) -> bool:
+    """Whether `name` contains one of the comma-separated words in $variable (all if unset).
+
+    KERNELPERF_BENCH_IMPLS=pallas,xla and KERNELPERF_BENCH_CASES=32768x4096 narrow a
+    run (asv's --bench selects classes and methods, not parameters).
+    """
+    words = [w for w in os.environ.get(variable, "").split(",") if w]
+    return not words or any(w in name for w in words)
+
+
 def bench_cases(op: registry.Operation) -> list[registry.Case]:
     """The operation's "bench" cases for this platform ("gpu" or "cpu" sized)."""
     platform_tag = "gpu" if devices.this_machine().has_gpu else "cpu"
-    return [c for c in op.cases if BENCH_TAG in c.tags and platform_tag in c.tags]
+    return [c for c in op.cases if BENCH_TAG in c.tags and platform_tag in c.tags
+            and _wanted(c.id, "KERNELPERF_BENCH_CASES")]
 
 
 def _resolve(op_name: str, impl_name: str, case_id: str, direction: str):
@@ -193,7 +204,8 @@ class _OperationBenchmarks:
 
 def _suite(op: registry.Operation) -> type | None:
     cases = bench_cases(op)
-    impls = registry.implementations(op.name)
+    impls = [i for i in registry.implementations(op.name)
+             if _wanted(i.name, "KERNELPERF_BENCH_IMPLS")]
     if not cases or not impls:
         return None
     name = "".join(part.title() for part in op.name.split("_"))
