@@ -1,0 +1,1 @@
+"""Scaled dot-product attention softmax(Q K^T * scale + mask) V, (batch, seq, heads, head_dim)."""
