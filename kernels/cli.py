@@ -117,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
             sub_parser.add_argument("--machine", help="asv machine (default: this device model)")
         sub_parser.add_argument("--min-gap", type=float, default=0.05,
                                 help="relative change below which rows count as same")
+    from kernels import tuning
+
+    extra_commands = tuning.add_commands(sub)
     args = parser.parse_args(argv)
     commands = {"list": cmd_list, "check": cmd_check, "bench": cmd_bench, "compare": cmd_compare}
+    commands.update(extra_commands)
     return commands[args.command](args)
