@@ -122,7 +122,8 @@ def reference_outputs(op: registry.Operation, case: registry.Case, inputs: tuple
     out, pullback = jax.vjp(lambda *a: op.reference(*a, **case.kwargs), *upcast)
     cotangent = jnp.asarray(cotangent, dtype=jnp.float32)
     grads = tuple(np.asarray(g) for g in pullback(cotangent))
-    magnitudes = (tuple(np.asarray(m) for m in op.gradient_magnitude(upcast, out, cotangent))
+    magnitudes = (tuple(np.asarray(m) for m in op.gradient_magnitude(
+        upcast, out, cotangent, **case.kwargs))
                   if op.gradient_magnitude else (None,) * len(grads))
     return np.asarray(out), grads, magnitudes
 

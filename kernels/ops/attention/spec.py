@@ -25,6 +25,8 @@ LAYOUT = "(batch, seq, heads, head_dim)"
 # is then far beyond exp's float32 range: a kernel must subtract it), v scaled by 50.
 LARGE_QK_SCALE = 6.0
 LARGE_V_SCALE = 50.0
+# Largest |logit| * log2(e) the "large" inputs reach in practice (std 36, a few sigma).
+MAX_LOGIT = 256.0
 
 
 def scale_of(head_dim: int) -> float:
@@ -130,13 +132,15 @@ def work(case: registry.Case, direction: str) -> registry.Work:
 
 def tolerance(case: registry.Case) -> float:
     """Output rounding plus P rounded to the input dtype before P V (as flash kernels do),
-    plus float32 accumulation over head_dim (logits) and seq (output).
+    plus float32 accumulation over head_dim (logits) and seq (output), plus the
+    float32 rounding of the logits, eps * |logit|, which exp turns into a relative
+    error of P: the "large" inputs have logits up to about MAX_LOGIT.
 
     float32 cases assume float32 dots (Triton input_precision="ieee", XLA
     Precision.HIGHEST): TF32 rounds each logit by ~2^-11 of its size, and the
     "large" logits (std ~36) would turn that into percent errors in P.
     """
-    return dtypes.eps(case.dtype) + checking.relative_tolerance(
+    return dtypes.eps(case.dtype) + dtypes.eps("f32") * MAX_LOGIT + checking.relative_tolerance(
         case.dtype, case["seq"] + case["head_dim"])
 
 
