@@ -125,9 +125,10 @@ def main(argv: list[str] | None = None) -> int:
             sub_parser.add_argument("--machine", help="asv machine (default: this device model)")
         sub_parser.add_argument("--min-gap", type=float, default=0.05,
                                 help="relative change below which rows count as same")
-    from kernels import measure_cli, profiling_cli
+    from kernels import measure_cli, profiling_cli, tuning
 
-    extra_commands = {**measure_cli.add_commands(sub), **profiling_cli.add_commands(sub)}
+    extra_commands = {**measure_cli.add_commands(sub), **profiling_cli.add_commands(sub),
+                      **tuning.add_commands(sub)}
     args = parser.parse_args(argv)
     commands = {"list": cmd_list, "check": cmd_check, "bench": cmd_bench, "compare": cmd_compare,
                 **extra_commands}

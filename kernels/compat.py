@@ -171,3 +171,48 @@ def shard_map(f, *, mesh, in_specs, out_specs, check_vma: bool = True):
     """`jax.shard_map` (top-level since jax 0.7; both supported versions have it)."""
     return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                          check_vma=check_vma)
+
+
+def pallas_mosaic_gpu():
+    """The Pallas Mosaic GPU module (`kernel`, `emit_pipeline`, `wgmma`, `BlockSpec`, ...)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    return plgpu
+
+
+MOSAIC_GPU_INTERPRET_MISSING = (
+    "needs a Hopper GPU: this jax has no Mosaic GPU interpreter (InterpretGPUParams) to run "
+    "Mosaic GPU kernels on CPU")
+
+
+def _interpret_gpu_params_class():
+    # Public as plgpu.InterpretGPUParams in jax 0.11; private module in 0.10.2.
+    plgpu = pallas_mosaic_gpu()
+    if hasattr(plgpu, "InterpretGPUParams"):
+        return plgpu.InterpretGPUParams
+    try:
+        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+    except ImportError:
+        return None
+    return InterpretGPUParams
+
+
+def mosaic_gpu_interpret_available() -> bool:
+    return _interpret_gpu_params_class() is not None
+
+
+def mosaic_gpu_interpret_params():
+    """Parameters that make `plgpu.kernel` run in JAX's GPU interpreter (simulated TMA,
+    barriers and wgmma on CPU)."""
+    cls = _interpret_gpu_params_class()
+    if cls is None:
+        raise RuntimeError(MOSAIC_GPU_INTERPRET_MISSING)
+    return cls()
+
+
+@functools.cache
+def multiprocessor_count() -> int:
+    """Streaming multiprocessors of the default device (persistent grids); 1 without a GPU,
+    (the Mosaic GPU interpreter simulates one block at a time)."""
+    device = jax.devices()[0]
+    return int(getattr(device, "core_count", 0) or 0) if on_gpu() else 1

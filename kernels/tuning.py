@@ -1,0 +1,201 @@
+"""Block-size tuning: time a grid of config dataclasses on this GPU, keep the best per GPU model.
+
+Each tunable implementation declares a `Tunable` (its config class, the grid
+of candidates, a representative case, and how to run one config). `tune()`
+times every candidate with the injected timer, drops those that fail to
+compile or run (shared memory overflow, unsupported layouts), and records the
+fastest in `kernels/ops/<op>/tuned.json` under the normalised GPU model name
+(`nvidia-h100-80gb-hbm3`). Implementations read their defaults through
+`tuned_config()`, falling back to their built-in heuristic for models that
+were never tuned.
+
+`python -m kernels tune OP [--impl NAME]` is the command line (see
+`add_commands`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import re
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+OPS_DIR = pathlib.Path(__file__).parent / "ops"
+TUNED_FILE = "tuned.json"
+
+
+def model_key(device_kind: str) -> str:
+    """`NVIDIA H100 80GB HBM3` -> `nvidia-h100-80gb-hbm3`: the key results are filed under."""
+    return re.sub(r"[^a-z0-9]+", "-", device_kind.lower()).strip("-")
+
+
+def this_model() -> str:
+    from kernels import devices
+
+    return model_key(devices.this_machine().device_kind)
+
+
+def tuned_path(op: str) -> pathlib.Path:
+    return OPS_DIR / op / TUNED_FILE
+
+
+def read_tuned(op: str, path: pathlib.Path | None = None) -> dict[str, Any]:
+    """The whole tuned file of `op`: {impl: {model: {"config": {...}, ...}}}; {} if absent."""
+    path = path or tuned_path(op)
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text())
+
+
+def tuned_config(op: str, impl: str, config_class: type, model: str | None = None,
+                 path: pathlib.Path | None = None):
+    """The recorded best `config_class` for `impl` on `model` (default: this GPU), or None."""
+    entry = read_tuned(op, path).get(impl, {}).get(model or this_model())
+    if entry is None:
+        return None
+    fields = {field.name for field in dataclasses.fields(config_class)}
+    return config_class(**{k: v for k, v in entry["config"].items() if k in fields})
+
+
+def record(op: str, impl: str, model: str, config: Any, *, time_ms: float, case_id: str,
+           timer: str, path: pathlib.Path | None = None) -> pathlib.Path:
+    """Write `config` as the best for (impl, model), keeping every other entry of the file."""
+    path = path or tuned_path(op)
+    data = read_tuned(op, path)
+    data.setdefault(impl, {})[model] = {
+        "config": dataclasses.asdict(config),
+        "time_ms": round(time_ms, 6),
+        "case": case_id,
+        "timer": timer,
+    }
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class Tunable:
+    """What `tune` needs from an implementation.
+
+    candidates: the grid of configs to time (config dataclass instances).
+    make_runner: config -> a zero-argument callable that runs the kernel once
+        on the representative case and blocks until it is done (it may raise
+        for configs that do not compile or fit).
+    case_id: names the representative case in the record.
+    """
+
+    op: str
+    impl: str
+    candidates: Sequence[Any]
+    make_runner: Callable[[Any], Callable[[], Any]]
+    case_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    config: Any
+    time_ms: float | None  # None: the config failed
+    error: str = ""
+
+
+def tune(tunable: Tunable, timer: Callable[[Callable[[], Any]], float],
+         log: Callable[[str], None] = print) -> tuple[Trial | None, list[Trial]]:
+    """Time every candidate with `timer(runner) -> ms`; the best trial (None if all failed)."""
+    trials = []
+    for config in tunable.candidates:
+        try:
+            runner = tunable.make_runner(config)
+            time_ms = timer(runner)
+        except Exception as error:  # configs that do not fit this GPU are expected, not fatal
+            message = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            trials.append(Trial(config, None, message[:200]))
+            log(f"  {config}: failed ({message[:120]})")
+            continue
+        trials.append(Trial(config, time_ms))
+        log(f"  {config}: {time_ms:.4f} ms")
+    ok = [trial for trial in trials if trial.time_ms is not None]
+    best = min(ok, key=lambda trial: trial.time_ms) if ok else None
+    return best, trials
+
+
+def device_timer(runner: Callable[[], Any], repeats: int = 20, warmup: int = 3) -> float:
+    """Median milliseconds of `runner`: host wall time around block_until_ready.
+
+    Accurate only for kernels far longer than a launch; the tuning cases are
+    (milliseconds each), so dispatch overhead is a few percent at most.
+    """
+    import time
+
+    import jax
+
+    for _ in range(warmup):
+        jax.block_until_ready(runner())
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(runner())
+        samples.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(samples)
+
+
+TIMER_NAME = "host wall time around block_until_ready, median of 20"
+
+
+# Registered by implementation modules: (op, impl) -> factory returning a Tunable.
+_TUNABLES: dict[tuple[str, str], Callable[[], Tunable]] = {}
+
+
+def register_tunable(op: str, impl: str, factory: Callable[[], Tunable]) -> None:
+    _TUNABLES[(op, impl)] = factory
+
+
+def tunables(op: str) -> dict[str, Callable[[], Tunable]]:
+    from kernels import registry
+
+    registry.load()
+    return {impl: factory for (o, impl), factory in _TUNABLES.items() if o == op}
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from kernels import devices
+
+    machine = devices.this_machine()
+    available = tunables(args.op)
+    if not available:
+        print(f"no tunable implementation of {args.op!r}", file=sys.stderr)
+        return 2
+    names = args.impl or sorted(available)
+    unknown = [name for name in names if name not in available]
+    if unknown:
+        print(f"--impl: expected one of {sorted(available)}, got {unknown}", file=sys.stderr)
+        return 2
+    if not machine.has_gpu:
+        print(f"tune needs a CUDA GPU; this machine has {machine.describe()}", file=sys.stderr)
+        return 2
+    model = model_key(machine.device_kind)
+    timer_name = TIMER_NAME
+    for name in names:
+        tunable = available[name]()
+        print(f"{args.op}/{name} on {model}: {len(tunable.candidates)} configs, "
+              f"case {tunable.case_id}, timer: {timer_name}")
+        best, _ = tune(tunable, device_timer)
+        if best is None:
+            print("  every config failed; nothing recorded")
+            continue
+        path = record(args.op, name, model, best.config, time_ms=best.time_ms,
+                      case_id=tunable.case_id, timer=timer_name)
+        print(f"  best {best.config}: {best.time_ms:.4f} ms -> {path}")
+    return 0
+
+
+def add_commands(subparsers) -> dict[str, Callable[[argparse.Namespace], int]]:
+    """`tune OP [--impl NAME ...]` for kernels/cli.py."""
+    parser = subparsers.add_parser("tune", help="time a grid of block configs on this GPU and "
+                                                "record the best in kernels/ops/OP/tuned.json")
+    parser.add_argument("op", help="operation, e.g. matmul or attention")
+    parser.add_argument("--impl", action="append", help="implementation (repeatable; default all)")
+    return {"tune": cmd_tune}
