@@ -120,7 +120,7 @@ class Operation:
     tolerance: case -> relative error allowed on the forward output; gradients
         get `gradient_tolerance_factor` times that.
     validate: raises ValueError/TypeError for bad inputs; shared by our kernels.
-    gradient_magnitude: (inputs, output, cotangent) -> per input, the size of
+    gradient_magnitude: (inputs, output, cotangent, **case params) -> per input, the size of
         the terms summed into its gradient (float32 jnp arrays), where the
         gradient can cancel far below them; errors are measured against it.
     """

@@ -1,0 +1,28 @@
+"""Baseline: jax.nn.dot_product_attention(implementation="cudnn"), cuDNN's fused flash attention."""
+
+import jax
+
+from kernels import registry
+from kernels.ops.attention import spec
+
+
+@jax.jit(static_argnames="causal")
+def _attention(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool) -> jax.Array:
+    return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False) -> jax.Array:
+    return _attention(q, k, v, causal)
+
+
+def supports(case: registry.Case) -> str | None:
+    if case.dtype == "f32":
+        return "cuDNN fused attention takes bf16/f16 only, not f32"
+    return None
+
+
+registry.register_implementation(registry.Implementation(
+    op=spec.NAME, name="cudnn", fn=attention, baseline=True, supports=supports,
+    requires=registry.Requirements(gpu=True, min_compute_capability=(8, 0)),
+    description='jax.nn.dot_product_attention(implementation="cudnn")',
+))
