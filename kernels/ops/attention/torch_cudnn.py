@@ -21,6 +21,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 def supports(case: registry.Case) -> str | None:
     if case.dtype == "f32":
         return "torch's cuDNN backend takes bf16/f16 only, not f32"
+    if case["seq"] == 1:
+        # torch 2.11 on the H100: "RuntimeError: No available kernel. Aborting execution."
+        return "torch's cuDNN backend has no kernel for a sequence of length 1"
     return None
 
 

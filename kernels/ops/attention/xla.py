@@ -22,10 +22,15 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False)
 def supports(case: registry.Case) -> str | None:
     # Seen with jax 0.10.2 on CPU: XLA:CPU has no 16-bit dot with float32 accumulation
     # ("The precision 'F16_F16_F32' is not supported by dot_general on CPU"; for bf16,
-    # "ALG_DOT_BF16_BF16_F32" when a single query makes the dot elementwise).
-    if not compat.on_gpu() and (case.dtype == "f16" or (case.dtype == "bf16" and case["seq"] == 1)):
-        return (f"needs a GPU for {case.dtype} at seq {case['seq']}: XLA:CPU rejects the 16-bit "
-                f"dot with float32 accumulation that dot_product_attention asks for")
+    # "ALG_DOT_BF16_BF16_F32" when a single query makes the dot elementwise). Seen with
+    # jax 0.11.2 on the H100: a single f16 query fails the same way ("Unsupported dot
+    # precision algorithm: 4").
+    if case.dtype != "f32" and case["seq"] == 1 and (compat.on_gpu() or case.dtype == "bf16"):
+        return (f"XLA rejects the {case.dtype} dot with float32 accumulation that "
+                f"dot_product_attention asks for when a single query makes it elementwise")
+    if not compat.on_gpu() and case.dtype == "f16":
+        return ("needs a GPU for f16: XLA:CPU rejects the 16-bit dot with float32 "
+                "accumulation that dot_product_attention asks for")
     return None
 
 
