@@ -189,12 +189,15 @@ def test_place_compute_bound_point_and_flag_above_the_roof():
     assert p.fraction == pytest.approx(0.5)  # 5e14 of 1e15
     too_fast = model.place(registry.Work(flops=1e13, bytes=1e10), 0.005, ceiling, "bf16")
     assert too_fast.fraction == pytest.approx(2.0) and too_fast.suspicious
+    # Above a measured compute roof the roof is low (a peer GEMM); above a datasheet one, or
+    # a measured memory roof, the work model is wrong.
+    assert too_fast.warning == "above the measured GEMM roof"
     # Within a measured roof's own noise (3% above it) is not flagged; above a datasheet roof is.
     at_roof = model.place(registry.Work(flops=1e13, bytes=1e10), 0.01 / 1.03, ceiling, "bf16")
     assert at_roof.fraction == pytest.approx(1.03) and not at_roof.suspicious
     sheet = dataclasses.replace(ceiling, kind="datasheet")
-    assert model.place(registry.Work(flops=1e13, bytes=1e10), 0.01 / 1.03, sheet,
-                       "bf16").suspicious
+    above_sheet = model.place(registry.Work(flops=1e13, bytes=1e10), 0.01 / 1.03, sheet, "bf16")
+    assert above_sheet.suspicious and above_sheet.warning == "above the roof: work model?"
 
 
 def test_place_scales_with_devices_and_f32_uses_the_tf32_roof():

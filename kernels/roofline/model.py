@@ -46,8 +46,20 @@ class Placement:
         """Above the roof: the work model (or the ceiling) is wrong."""
         return self.fraction > SUSPICIOUS_FRACTION[self.ceiling.split()[0]]
 
+    @property
+    def warning(self) -> str:
+        """What a point above its roof means. A measured compute roof is only the best peer
+        GEMM we timed (on the H100 a Mosaic GPU matmul beat it by 12%), so rising above it
+        says the roof is low; above a datasheet roof, or a measured copy, the work model is
+        wrong."""
+        if not self.suspicious:
+            return ""
+        if self.ceiling.startswith("measured") and self.bound == "compute":
+            return "above the measured GEMM roof"
+        return "above the roof: work model?"
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self) | {"suspicious": self.suspicious}
+        return dataclasses.asdict(self) | {"suspicious": self.suspicious, "warning": self.warning}
 
 
 def place(work: registry.Work, seconds: float, ceiling: Ceiling, dtype: str, *,

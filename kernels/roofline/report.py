@@ -121,8 +121,8 @@ def _label(p: dict[str, Any]) -> str:
     placement = p["placement"].get("measured") or p["placement"].get("datasheet")
     if placement:
         label += f" {100 * placement['fraction']:.0f}%"
-        if placement["suspicious"]:
-            label += " (>roof: work model?)"
+        if placement.get("warning"):
+            label += f" ({placement['warning']})"
     return label
 
 
@@ -214,4 +214,4 @@ def fraction_text(placement: model.Placement | None) -> str:
     if placement is None or math.isnan(placement.fraction):
         return "-"
     text = f"{100 * placement.fraction:.0f}% {placement.bound[:3]}"
-    return text + " (!>roof: work model?)" if placement.suspicious else text
+    return f"{text} (!{placement.warning})" if placement.suspicious else text

@@ -59,7 +59,7 @@ class AttentionConfig:
                 raise ValueError(f"{name}: expected a power of two, got {value}")
 
 
-def default_config(head_dim: int, interpret: bool) -> AttentionConfig:
+def default_config(head_dim: int, interpret: bool, dtype=jnp.bfloat16) -> AttentionConfig:
     if interpret:  # several blocks per sequence on the tiny CPU cases, to cover the masks
         return AttentionConfig(block_q=32, block_k=32, num_warps=4, num_stages=1,
                                block_q_bwd=32, block_k_bwd=32, num_warps_bwd=4)
@@ -67,6 +67,11 @@ def default_config(head_dim: int, interpret: bool) -> AttentionConfig:
     # blocks with 8 warps and 3 stages 1.37 ms (128x64: 1.48, 64x64 w4: 1.55); backward
     # 64x64 blocks with 4 warps took fwd+bwd 6.39 ms (8 warps: 9.94; 32x64: 8.79). head_dim
     # 64 was not swept: it keeps the 128x64 forward blocks with 4 warps.
+    if jnp.dtype(dtype) == jnp.float32:
+        # Float32 tiles are twice the bytes: 128x128 blocks in 3 stages asked for 384 KiB of
+        # shared memory at head_dim 128 on the H100 (227 KiB available).
+        return AttentionConfig(block_q=64, block_k=64, num_warps=4, num_stages=2,
+                               block_q_bwd=32, block_k_bwd=32, num_warps_bwd=4)
     if head_dim == 128:
         return AttentionConfig(block_q=128, block_k=128, num_warps=8, num_stages=3,
                                block_q_bwd=64, block_k_bwd=64, num_warps_bwd=4)
@@ -296,7 +301,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False,
 
     Args:
       causal: mask key j > query i.
-      config: blocks and warps; `default_config(head_dim, interpret)` when None.
+      config: blocks and warps; `default_config(head_dim, interpret, dtype)` when None.
       interpret: run the Pallas interpreter; by default wherever JAX has no GPU.
     Returns:
       An array of q's shape and dtype.
@@ -304,7 +309,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False,
     spec.validate(q, k, v, causal)
     if interpret is None:
         interpret = compat.pallas_interpret()
-    config = config or default_config(q.shape[-1], interpret)
+    config = config or default_config(q.shape[-1], interpret, q.dtype)
     return _attention_jit(q, k, v, bool(causal), config, interpret)
 
 
