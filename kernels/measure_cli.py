@@ -147,6 +147,12 @@ def run_rows(op, impls, cases, directions, regime, rule) -> list[Row]:
                                              inputs=inputs[row.case.id])
         except Exception as error:  # one failing kernel must not hide the others' numbers
             row.skipped = f"ERROR {type(error).__name__}: {error}"[:200]
+        except KeyboardInterrupt:  # Ctrl-C (or a timeout's SIGINT) keeps what was measured
+            print(f"interrupted: keeping the {sum(r.measurement is not None for r in todo)} "
+                  f"points measured so far", file=sys.stderr)
+            for rest in todo[todo.index(row):]:
+                rest.skipped = rest.skipped or "not measured: interrupted"
+            break
     return todo
 
 
