@@ -65,8 +65,9 @@ class DeviceClock:
 def _wanted(name: str, variable: str) -> bool:
     """Whether `name` contains one of the comma-separated words in $variable (all if unset).
 
-    KERNELPERF_BENCH_IMPLS=pallas,xla and KERNELPERF_BENCH_CASES=32768x4096 narrow a
-    run (asv's --bench selects classes and methods, not parameters).
+    KERNELPERF_BENCH_IMPLS=pallas,xla, KERNELPERF_BENCH_CASES=32768x4096 and
+    KERNELPERF_BENCH_DIRECTIONS=fwd narrow a run (asv's --bench selects classes and
+    methods, not parameters).
     """
     words = [w for w in os.environ.get(variable, "").split(",") if w]
     return not words or any(w in name for w in words)
@@ -211,7 +212,8 @@ def _suite(op: registry.Operation) -> type | None:
     name = "".join(part.title() for part in op.name.split("_"))
     return type(name, (_OperationBenchmarks,), {
         "op_name": op.name,
-        "params": [[i.name for i in impls], [c.id for c in cases], list(registry.DIRECTIONS)],
+        "params": [[i.name for i in impls], [c.id for c in cases],
+                   [d for d in registry.DIRECTIONS if _wanted(d, "KERNELPERF_BENCH_DIRECTIONS")]],
         "__doc__": f"{op.description}: implementations x bench cases x directions.",
     })
 
