@@ -1,0 +1,50 @@
+"""Baselines: torch scaled_dot_product_attention pinned to one backend (GPU only).
+
+`torch_flash` is its FLASH_ATTENTION backend (FlashAttention-2), `torch_cudnn`
+its CUDNN_ATTENTION backend. Both take bf16/f16 only.
+"""
+
+import functools
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from kernels import registry
+from kernels.ops.attention import spec
+
+
+def pinned_to(backend: SDPBackend):
+    """Attention in the registry's (batch, seq, heads, head_dim) layout on `backend` alone."""
+
+    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                  causal: bool = False) -> torch.Tensor:
+        # SDPA takes (batch, heads, seq, head_dim): transposed views, no copies.
+        with sdpa_kernel(backend):
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
+        return out.transpose(1, 2)
+
+    return attention
+
+
+def _supports(case: registry.Case, label: str) -> str | None:
+    if case.dtype == "f32":
+        return f"torch's {label} backend takes bf16/f16 only, not f32"
+    if label == "cuDNN" and case["seq"] == 1:
+        # torch 2.11 on the H100: "RuntimeError: No available kernel. Aborting execution."
+        return "torch's cuDNN backend has no kernel for a sequence of length 1"
+    return None
+
+
+for _name, _backend, _label, _description in (
+        ("torch_flash", SDPBackend.FLASH_ATTENTION, "flash",
+         "torch SDPA, FLASH_ATTENTION backend (FlashAttention-2)"),
+        ("torch_cudnn", SDPBackend.CUDNN_ATTENTION, "cuDNN",
+         "torch SDPA, CUDNN_ATTENTION backend")):
+    registry.register_implementation(registry.Implementation(
+        op=spec.NAME, name=_name, fn=pinned_to(_backend),
+        framework="torch", baseline=True, supports=functools.partial(_supports, label=_label),
+        requires=registry.Requirements(gpu=True, min_compute_capability=(8, 0),
+                                       modules=("torch",)),
+        description=_description,
+    ))
