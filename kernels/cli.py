@@ -1,4 +1,5 @@
-"""Command line: `python -m kernels list` and `python -m kernels check`."""
+"""The kernelperf command line: `python -m kernels COMMAND` (list, check, time, roofline,
+bench, compare, profile, memory, hlo, tune, ...; `--help` lists them all)."""
 
 from __future__ import annotations
 
