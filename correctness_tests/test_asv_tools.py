@@ -1,5 +1,7 @@
 """Verdicts of `python -m kernels compare`: each unit judged the right way up, noise respected."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -60,3 +62,30 @@ def test_render_shows_units_and_verdicts():
     text = asv_tools.render(rows)
     assert "Softmax.time_device" in text and "pallas" in text and "slower" in text
     assert " us " in text and "1.500" in text
+
+
+def test_machine_file_carries_device_keys_that_asv_loads(tmp_path, monkeypatch):
+    from asv.machine import Machine
+
+    from kernels import fingerprint
+
+    gpu = dataclasses.replace(fingerprint.fingerprint(), platform="gpu", name="Test GPU 80GB",
+                              driver="999.1", cuda="99.9", default_sm_mhz=1234)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(fingerprint, "fingerprint", lambda: gpu)
+    asv_tools.register_machine("test-gpu")
+    machine = Machine.load(machine_name="test-gpu", _path=str(tmp_path / ".asv-machine.json"))
+    for key, value in asv_tools.machine_keys(gpu).items():
+        assert getattr(machine, key) == value
+    assert (machine.gpu, machine.driver, machine.cuda) == (gpu.name, gpu.driver, gpu.cuda)
+    assert machine.sm_clock_mhz == str(gpu.default_sm_mhz)
+    assert machine.num_cpu and machine.ram and machine.arch
+
+
+def test_machine_keys_on_cpu_name_no_gpu():
+    from kernels import fingerprint
+
+    cpu = dataclasses.replace(fingerprint.fingerprint(), platform="cpu", driver=None, cuda=None,
+                              default_sm_mhz=None)
+    assert asv_tools.machine_keys(cpu) == {"gpu": "none", "driver": "n/a", "cuda": "n/a",
+                                           "sm_clock_mhz": "n/a"}
