@@ -42,6 +42,12 @@ def test_large_change_within_noise_is_too_noisy():
     assert asv_tools.verdict(TIME, base, head)[1] == "too noisy to tell"
 
 
+def test_without_samples_overlapping_intervals_are_too_noisy():
+    base, head = _timed(1e-3, 4e-4, n=6), _timed(1.1e-3, 4e-4, n=6, seed=1)
+    base, head = (asv_tools.Result(r.value, None, r.stats) for r in (base, head))
+    assert asv_tools.verdict(TIME, base, head)[1] == "too noisy to tell"
+
+
 def test_higher_throughput_is_better_not_worse():
     ratio, word = asv_tools.verdict("benchmarks.Matmul.track_tflops", _tracked(500.0),
                                     _tracked(600.0))

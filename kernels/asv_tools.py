@@ -121,7 +121,10 @@ def bench(revisions: list[str], *, bench_regex: str | None = None) -> str:
     name = machine_name()
     register_machine(name)
     for revision in revisions:
-        args = ["run", "--machine", name, "--show-stderr", f"{full_hash(revision)}^!"]
+        # --record-samples (asv continuous's default, not asv run's) keeps the samples that
+        # asv's Mann-Whitney test needs; without them only the 99% intervals are compared.
+        args = ["run", "--machine", name, "--show-stderr", "--record-samples",
+                f"{full_hash(revision)}^!"]
         if bench_regex:
             args += ["--bench", bench_regex]
         _asv(*args)
@@ -172,8 +175,9 @@ def verdict(benchmark: str, base: Result | None, head: Result | None,
     method = _method(benchmark)
     lower_better = LOWER_IS_BETTER.get(method, True)
     if method.startswith("time_"):
-        if base.samples and head.samples and base.stats and head.stats:
-            different = _stats.is_different(base.samples, head.samples, base.stats, head.stats)
+        if base.stats and head.stats:  # Mann-Whitney on samples, else the 99% intervals
+            different = _stats.is_different(base.samples or None, head.samples or None,
+                                            base.stats, head.stats)
         else:
             different = changed
         if not changed:
