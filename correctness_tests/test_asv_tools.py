@@ -1,5 +1,7 @@
 """Verdicts of `python -m kernels compare`: each unit judged the right way up, noise respected."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -40,6 +42,12 @@ def test_large_change_within_noise_is_too_noisy():
     assert asv_tools.verdict(TIME, base, head)[1] == "too noisy to tell"
 
 
+def test_without_samples_overlapping_intervals_are_too_noisy():
+    base, head = _timed(1e-3, 4e-4, n=6), _timed(1.1e-3, 4e-4, n=6, seed=1)
+    base, head = (asv_tools.Result(r.value, None, r.stats) for r in (base, head))
+    assert asv_tools.verdict(TIME, base, head)[1] == "too noisy to tell"
+
+
 def test_higher_throughput_is_better_not_worse():
     ratio, word = asv_tools.verdict("benchmarks.Matmul.track_tflops", _tracked(500.0),
                                     _tracked(600.0))
@@ -60,3 +68,30 @@ def test_render_shows_units_and_verdicts():
     text = asv_tools.render(rows)
     assert "Softmax.time_device" in text and "pallas" in text and "slower" in text
     assert " us " in text and "1.500" in text
+
+
+def test_machine_file_carries_device_keys_that_asv_loads(tmp_path, monkeypatch):
+    from asv.machine import Machine
+
+    from kernels import fingerprint
+
+    gpu = dataclasses.replace(fingerprint.fingerprint(), platform="gpu", name="Test GPU 80GB",
+                              driver="999.1", cuda="99.9", default_sm_mhz=1234)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(fingerprint, "fingerprint", lambda: gpu)
+    asv_tools.register_machine("test-gpu")
+    machine = Machine.load(machine_name="test-gpu", _path=str(tmp_path / ".asv-machine.json"))
+    for key, value in asv_tools.machine_keys(gpu).items():
+        assert getattr(machine, key) == value
+    assert (machine.gpu, machine.driver, machine.cuda) == (gpu.name, gpu.driver, gpu.cuda)
+    assert machine.sm_clock_mhz == str(gpu.default_sm_mhz)
+    assert machine.num_cpu and machine.ram and machine.arch
+
+
+def test_machine_keys_on_cpu_name_no_gpu():
+    from kernels import fingerprint
+
+    cpu = dataclasses.replace(fingerprint.fingerprint(), platform="cpu", driver=None, cuda=None,
+                              default_sm_mhz=None)
+    assert asv_tools.machine_keys(cpu) == {"gpu": "none", "driver": "n/a", "cuda": "n/a",
+                                           "sm_clock_mhz": "n/a"}

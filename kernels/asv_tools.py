@@ -80,6 +80,40 @@ def register_machine(name: str) -> None:
     _asv("machine", "--yes", "--machine", name, "--os", platform.platform(),
          "--arch", platform.machine(), "--cpu", f"{cpu}; {device.describe()}",
          "--num_cpu", str(os.cpu_count()), "--ram", ram)
+    # `asv machine` drops a flag equal to its own default (arch, num_cpu, ram here)
+    # from a new entry, so those are written together with the device keys.
+    add_machine_keys(name, {"arch": platform.machine(), "num_cpu": str(os.cpu_count()),
+                            "ram": ram, **machine_keys(device)})
+
+
+def machine_keys(device) -> dict[str, str]:
+    """The device keys asv copies from the machine file into every result (dashboard filters)."""
+    def text(value) -> str:
+        return "n/a" if value is None else str(value)
+
+    on_gpu = device.platform == "gpu"
+    return {"gpu": device.name if on_gpu else "none", "driver": text(device.driver),
+            "cuda": text(device.cuda), "sm_clock_mhz": text(device.default_sm_mhz)}
+
+
+def add_machine_keys(name: str, keys: dict[str, str]) -> None:
+    """Add `keys` to `name`'s entry in ~/.asv-machine.json.
+
+    `asv machine` takes flags only for its six fields (machine, os, arch, cpu,
+    num_cpu, ram), but asv loads every key of the entry into the machine and
+    `asv run` stores them all in each result's params, so extra keys are
+    written into the file after `asv machine --yes` has created the entry.
+    """
+    from asv import util
+    from asv.machine import MachineCollection
+
+    path = MachineCollection.get_machine_file_path()
+    machines = util.load_json(path, MachineCollection.api_version)
+    if name not in machines:
+        raise ValueError(f"machine {name!r}: expected an entry in {path} (made by `asv machine`),"
+                         f" found only {sorted(machines)}")
+    machines[name].update(keys)
+    util.write_json(path, machines, MachineCollection.api_version)
 
 
 def bench(revisions: list[str], *, bench_regex: str | None = None) -> str:
@@ -87,7 +121,10 @@ def bench(revisions: list[str], *, bench_regex: str | None = None) -> str:
     name = machine_name()
     register_machine(name)
     for revision in revisions:
-        args = ["run", "--machine", name, "--show-stderr", f"{full_hash(revision)}^!"]
+        # --record-samples (asv continuous's default, not asv run's) keeps the samples that
+        # asv's Mann-Whitney test needs; without them only the 99% intervals are compared.
+        args = ["run", "--machine", name, "--show-stderr", "--record-samples",
+                f"{full_hash(revision)}^!"]
         if bench_regex:
             args += ["--bench", bench_regex]
         _asv(*args)
@@ -138,8 +175,9 @@ def verdict(benchmark: str, base: Result | None, head: Result | None,
     method = _method(benchmark)
     lower_better = LOWER_IS_BETTER.get(method, True)
     if method.startswith("time_"):
-        if base.samples and head.samples and base.stats and head.stats:
-            different = _stats.is_different(base.samples, head.samples, base.stats, head.stats)
+        if base.stats and head.stats:  # Mann-Whitney on samples, else the 99% intervals
+            different = _stats.is_different(base.samples or None, head.samples or None,
+                                            base.stats, head.stats)
         else:
             different = changed
         if not changed:
