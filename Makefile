@@ -8,7 +8,7 @@ JOBS ?= auto
 PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 BASE ?= main
 
-.PHONY: install test lint pytest test-gpu cuda list bench bench-compare dashboard clean \
+.PHONY: install test lint pytest test-gpu cuda list bench bench-compare noise-floor dashboard clean \
 	roofline plot-roofline verify-timing ceilings
 .PHONY: xprof-serve xprof-list download-traces xprof-tunnel
 
@@ -62,6 +62,11 @@ bench:
 # asv on $(BASE) and HEAD, then a verdict per row; exits 1 if HEAD is slower.
 bench-compare:
 	$(PY) -m kernels bench --base $(BASE)
+
+# Run asv RUNS times on HEAD; compare then ignores shifts within each benchmark's spread.
+RUNS ?= 3
+noise-floor:
+	$(PY) -m kernels noise-floor --runs $(RUNS) $(if $(BENCH),--bench $(BENCH))
 
 dashboard:
 	$(PY) -m asv publish

@@ -95,3 +95,32 @@ def test_machine_keys_on_cpu_name_no_gpu():
                               default_sm_mhz=None)
     assert asv_tools.machine_keys(cpu) == {"gpu": "none", "driver": "n/a", "cuda": "n/a",
                                            "sm_clock_mhz": "n/a"}
+
+
+def test_noise_floor_is_the_largest_same_commit_shift_and_raises_the_bar():
+    key = (TIME, ("'xla'", "'f32-64x1000'", "'fwd'"))
+    runs = [{key: _timed(v, 1e-7), ("benchmarks.Softmax.track_gbps", ()): _tracked(v)}
+            for v in (1.0e-3, 1.2e-3, 1.1e-3)]
+    floors = asv_tools.floors_from_runs(runs)
+    assert floors == {asv_tools.floor_key(key): pytest.approx(0.2, rel=1e-3)}  # track_ rows learn none
+    # A 15% slowdown with tight samples: "slower" without a floor, "same" inside a 20% floor,
+    # "slower" again once it exceeds the floor.
+    base, head = _timed(1e-3, 1e-7), _timed(1.15e-3, 1e-7, seed=1)
+    assert asv_tools.verdict(TIME, base, head)[1] == "slower"
+    assert asv_tools.verdict(TIME, base, head, floor=0.2)[1] == "same (within noise floor)"
+    rows = asv_tools.compare({key: base}, {key: _timed(1.3e-3, 1e-7, seed=1)}, floors=floors)
+    assert [row.verdict for row in rows] == ["slower"] and asv_tools.exit_status(rows) == 1
+
+
+def test_learned_floors_round_trip_through_the_results_folder(tmp_path, monkeypatch):
+    key = (TIME, ("'xla'",))
+    runs = iter([{key: _timed(1.0e-3, 1e-7)}, {key: _timed(1.1e-3, 1e-7)}])
+    monkeypatch.setattr(asv_tools, "full_hash", lambda revision: "c" * 40)
+    monkeypatch.setattr(asv_tools, "bench", lambda revisions, bench_regex=None: "test-machine")
+    monkeypatch.setattr(asv_tools, "load", lambda results_dir, machine, commit: next(runs))
+    (tmp_path / "test-machine").mkdir()
+    floors = asv_tools.learn_floors("HEAD", 2, results_dir=str(tmp_path))
+    assert floors == {asv_tools.floor_key(key): pytest.approx(0.1, rel=1e-3)}
+    assert asv_tools.load_floors("test-machine", str(tmp_path)) == floors
+    with pytest.raises(ValueError, match="runs: expected at least 2"):
+        asv_tools.learn_floors("HEAD", 1, results_dir=str(tmp_path))

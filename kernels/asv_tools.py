@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
 import subprocess
+from pathlib import Path
 
 LOWER_IS_BETTER = {"time_device": True, "track_tflops": False, "track_gbps": False,
                    "track_roofline": False, "track_speedup": False, "track_peak_memory": True}
@@ -162,8 +164,9 @@ def _method(benchmark: str) -> str:
 
 
 def verdict(benchmark: str, base: Result | None, head: Result | None,
-            min_gap: float = DEFAULT_MIN_GAP) -> tuple[float | None, str]:
-    """(head / base, verdict) for one row."""
+            min_gap: float = DEFAULT_MIN_GAP, floor: float = 0.0) -> tuple[float | None, str]:
+    """(head / base, verdict) for one row. A change counts only beyond `min_gap` and beyond
+    `floor`, the largest shift this benchmark showed between runs of one commit."""
     from asv import _stats
 
     if base is None or base.value is None:
@@ -171,7 +174,10 @@ def verdict(benchmark: str, base: Result | None, head: Result | None,
     if head is None or head.value is None:
         return None, "FAILED on head"
     ratio = head.value / base.value if base.value else math.inf
-    changed = ratio > 1 + min_gap or ratio < 1 / (1 + min_gap)
+    gap = max(min_gap, floor)
+    changed = ratio > 1 + gap or ratio < 1 / (1 + gap)
+    if not changed and floor > min_gap and (ratio > 1 + min_gap or ratio < 1 / (1 + min_gap)):
+        return ratio, "same (within noise floor)"
     method = _method(benchmark)
     lower_better = LOWER_IS_BETTER.get(method, True)
     if method.startswith("time_"):
@@ -191,10 +197,12 @@ def verdict(benchmark: str, base: Result | None, head: Result | None,
     return ratio, ("better" if better else "worse") + " (no samples)"
 
 
-def compare(base: dict, head: dict, min_gap: float = DEFAULT_MIN_GAP) -> list[Row]:
+def compare(base: dict, head: dict, min_gap: float = DEFAULT_MIN_GAP,
+            floors: dict[str, float] | None = None) -> list[Row]:
     rows = []
     for key in sorted(set(base) | set(head)):
-        ratio, word = verdict(key[0], base.get(key), head.get(key), min_gap)
+        ratio, word = verdict(key[0], base.get(key), head.get(key), min_gap,
+                              (floors or {}).get(floor_key(key), 0.0))
         if word == "n/a":
             continue
         b, h = base.get(key), head.get(key)
@@ -238,11 +246,65 @@ def run(base_rev: str, head_rev: str, *, machine: str, results_dir: str = ".asv/
         missing = [rev for rev, found in ((base_rev, base), (head_rev, head)) if not found]
         raise SystemExit(f"no asv results on machine {machine!r} for {', '.join(missing)} in "
                          f"{results_dir}; run `make bench-compare BASE={base_rev}` first")
-    rows = compare(base, head, min_gap)
+    floors = load_floors(machine, results_dir)
+    rows = compare(base, head, min_gap, floors)
     print(f"machine {machine}: {base_rev} ({base_hash[:8]}) -> {head_rev} ({head_hash[:8]}); "
-          f"changes under {min_gap:.0%} count as same")
+          f"changes under {min_gap:.0%} count as same" +
+          (f", and under each benchmark's noise floor ({len(floors)} learned)" if floors else
+           "; no noise floors learned here (`python -m kernels noise-floor`)"))
     print(render(rows))
     words = sorted({row.verdict for row in rows})
     counts = {word: sum(row.verdict == word for row in rows) for word in words}
     print("summary: " + ", ".join(f"{n} {word}" for word, n in counts.items()))
     return exit_status(rows)
+
+
+# Noise floors: the largest relative shift of each time_ benchmark's value between asv runs of
+# one commit on this machine, learned by `python -m kernels noise-floor` and kept beside the
+# results. Processes on a shared machine can differ by 10-25% (seen on a 2-core CPU VM, where
+# asv's tests on 100 samples a side then call an unchanged commit slower); a change must
+# exceed the floor to count.
+
+def floor_key(key: tuple[str, tuple[str, ...]]) -> str:
+    return f"{key[0]}({', '.join(key[1])})"
+
+
+def floors_path(machine: str, results_dir: str = ".asv/results") -> Path:
+    return Path(results_dir) / machine / "noise-floors.json"
+
+
+def floors_from_runs(runs: list[dict]) -> dict[str, float]:
+    """Per time_ benchmark row, max/min - 1 of its values over `runs` (results of one commit)."""
+    values: dict[str, list[float]] = {}
+    for results in runs:
+        for key, result in results.items():
+            if _method(key[0]).startswith("time_") and result.value:
+                values.setdefault(floor_key(key), []).append(result.value)
+    return {name: max(v) / min(v) - 1 for name, v in values.items() if len(v) > 1}
+
+
+def load_floors(machine: str, results_dir: str = ".asv/results") -> dict[str, float]:
+    path = floors_path(machine, results_dir)
+    return json.loads(path.read_text())["floors"] if path.exists() else {}
+
+
+def learn_floors(revision: str, runs: int, *, bench_regex: str | None = None,
+                 results_dir: str = ".asv/results") -> dict[str, float]:
+    """Run asv `runs` times on `revision` and store each time_ row's noise floor."""
+    if runs < 2:
+        raise ValueError(f"runs: expected at least 2 runs of one commit, got {runs}")
+    commit = full_hash(revision)
+    seen = []
+    for index in range(runs):
+        print(f"noise floor: run {index + 1} of {runs} on {revision} ({commit[:8]})", flush=True)
+        machine = bench([revision], bench_regex=bench_regex)
+        seen.append(load(results_dir, machine, commit))
+    floors = floors_from_runs(seen)
+    path = floors_path(machine, results_dir)
+    path.write_text(json.dumps({"commit": commit, "runs": runs, "floors": floors}, indent=1))
+    from kernels.cli import table
+
+    print(table([[name.removeprefix("benchmarks."), f"{floor:.1%}"]
+                 for name, floor in sorted(floors.items())], ["benchmark", "noise floor"]))
+    print(f"wrote {path}")
+    return floors

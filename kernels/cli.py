@@ -102,6 +102,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return asv_tools.run(args.base, args.head, machine=machine, min_gap=args.min_gap)
 
 
+def cmd_noise_floor(args: argparse.Namespace) -> int:
+    from kernels import asv_tools
+
+    asv_tools.learn_floors(args.revision, args.runs, bench_regex=args.bench)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     environment.configure()
     parser = argparse.ArgumentParser(prog="python -m kernels", description=__doc__)
@@ -126,11 +133,17 @@ def main(argv: list[str] | None = None) -> int:
             sub_parser.add_argument("--machine", help="asv machine (default: this device model)")
         sub_parser.add_argument("--min-gap", type=float, default=0.05,
                                 help="relative change below which rows count as same")
+    floor = sub.add_parser("noise-floor", help="run asv repeatedly on one commit; store each "
+                           "benchmark's run-to-run shift, which compare then requires a change "
+                           "to exceed")
+    floor.add_argument("--revision", default="HEAD")
+    floor.add_argument("--runs", type=int, default=3)
+    floor.add_argument("--bench", help="asv benchmark regex (e.g. Softmax.time_device)")
     from kernels import measure_cli, profiling_cli, tuning
 
     extra_commands = {**measure_cli.add_commands(sub), **profiling_cli.add_commands(sub),
                       **tuning.add_commands(sub)}
     args = parser.parse_args(argv)
     commands = {"list": cmd_list, "check": cmd_check, "bench": cmd_bench, "compare": cmd_compare,
-                **extra_commands}
+                "noise-floor": cmd_noise_floor, **extra_commands}
     return commands[args.command](args)
