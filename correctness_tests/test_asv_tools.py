@@ -102,7 +102,8 @@ def test_noise_floor_is_the_largest_same_commit_shift_and_raises_the_bar():
     runs = [{key: _timed(v, 1e-7), ("benchmarks.Softmax.track_gbps", ()): _tracked(v)}
             for v in (1.0e-3, 1.2e-3, 1.1e-3)]
     floors = asv_tools.floors_from_runs(runs)
-    assert floors == {asv_tools.floor_key(key): pytest.approx(0.2, rel=1e-3)}  # track_ rows learn none
+    # track_ rows learn no floor.
+    assert floors == {asv_tools.floor_key(key): pytest.approx(0.2, rel=1e-3)}
     # A 15% slowdown with tight samples: "slower" without a floor, "same" inside a 20% floor,
     # "slower" again once it exceeds the floor.
     base, head = _timed(1e-3, 1e-7), _timed(1.15e-3, 1e-7, seed=1)
@@ -118,9 +119,10 @@ def test_learned_floors_round_trip_through_the_results_folder(tmp_path, monkeypa
     monkeypatch.setattr(asv_tools, "full_hash", lambda revision: "c" * 40)
     monkeypatch.setattr(asv_tools, "bench", lambda revisions, bench_regex=None: "test-machine")
     monkeypatch.setattr(asv_tools, "load", lambda results_dir, machine, commit: next(runs))
-    (tmp_path / "test-machine").mkdir()
-    floors = asv_tools.learn_floors("HEAD", 2, results_dir=str(tmp_path))
+    results = str(tmp_path / "results")
+    floors = asv_tools.learn_floors("HEAD", 2, results_dir=results)
     assert floors == {asv_tools.floor_key(key): pytest.approx(0.1, rel=1e-3)}
-    assert asv_tools.load_floors("test-machine", str(tmp_path)) == floors
+    assert (tmp_path / "noise-floors" / "test-machine.json").exists()
+    assert asv_tools.load_floors("test-machine", results) == floors
     with pytest.raises(ValueError, match="runs: expected at least 2"):
-        asv_tools.learn_floors("HEAD", 1, results_dir=str(tmp_path))
+        asv_tools.learn_floors("HEAD", 1, results_dir=results)

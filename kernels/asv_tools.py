@@ -270,7 +270,8 @@ def floor_key(key: tuple[str, tuple[str, ...]]) -> str:
 
 
 def floors_path(machine: str, results_dir: str = ".asv/results") -> Path:
-    return Path(results_dir) / machine / "noise-floors.json"
+    """Beside asv's results folder, not in it: asv reads every JSON file there as a result."""
+    return Path(results_dir).parent / "noise-floors" / f"{machine}.json"
 
 
 def floors_from_runs(runs: list[dict]) -> dict[str, float]:
@@ -301,6 +302,7 @@ def learn_floors(revision: str, runs: int, *, bench_regex: str | None = None,
         seen.append(load(results_dir, machine, commit))
     floors = floors_from_runs(seen)
     path = floors_path(machine, results_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"commit": commit, "runs": runs, "floors": floors}, indent=1))
     from kernels.cli import table
 
