@@ -70,6 +70,9 @@ def case_unavailable_reason(impl: registry.Implementation, case: registry.Case,
     reason = unavailable_reason(impl, machine) or impl.supports(case)
     if reason:
         return reason
+    if impl.devices_for(case) > machine.device_count:
+        return (f"needs {impl.devices_for(case)} devices for {case.id}; this machine has "
+                f"{machine.describe()}")
     if not machine.has_gpu and "cpu" not in case.tags:
         return (f"needs a CUDA GPU: {case.id} is a real-size case; without a GPU only "
                 f"'cpu'-tagged cases run (interpreted)")

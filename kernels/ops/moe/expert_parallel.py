@@ -66,7 +66,7 @@ def moe(x: jax.Array, router: jax.Array, w_in: jax.Array, w_out: jax.Array, top_
 
 
 registry.register_implementation(registry.Implementation(
-    op=spec.NAME, name="expert_parallel", fn=moe, supports=spec.supports, prepare=prepare,
+    op=spec.NAME, name="expert_parallel", fn=moe, prepare=prepare,
     requires=registry.Requirements(devices=2),
     description="shard_map: experts over the expert axis, all-to-all dispatch and return",
 ))

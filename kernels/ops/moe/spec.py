@@ -117,10 +117,6 @@ def validate(x, router, w_in, w_out, top_k: int, capacity_factor: float, mesh: s
                              f"got {size}")
 
 
-def supports(case: registry.Case) -> str | None:
-    return sharding.unavailable_reason(case.kwargs["mesh"])
-
-
 def make_inputs(case: registry.Case, rng: np.random.Generator,
                 distribution: str) -> tuple[np.ndarray, ...]:
     """Normal entries, weights scaled by 1/sqrt(fan-in); "large" scales x by 10.

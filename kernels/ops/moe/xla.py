@@ -44,7 +44,7 @@ def moe(x: jax.Array, router: jax.Array, w_in: jax.Array, w_out: jax.Array, top_
 
 
 registry.register_implementation(registry.Implementation(
-    op=spec.NAME, name="xla", fn=moe, baseline=True, supports=spec.supports,
+    op=spec.NAME, name="xla", fn=moe, baseline=True,
     prepare=expert_parallel.prepare, requires=registry.Requirements(devices=2),
     description="dense GShard einsums, with_sharding_constraint, XLA SPMD partitioning",
 ))

@@ -106,7 +106,7 @@ def matmul(a: jax.Array, b: jax.Array, mesh: str, config: Config | None = None) 
 
 
 registry.register_implementation(registry.Implementation(
-    op=spec.NAME, name="collective", fn=matmul, supports=spec.supports, prepare=spec.prepare,
+    op=spec.NAME, name="collective", fn=matmul, prepare=spec.prepare,
     requires=registry.Requirements(devices=2),
     description="shard_map ring collective matmul (ppermute overlapped with local products)",
 ))

@@ -44,11 +44,6 @@ def validate(a, b, mesh: str) -> None:
                          f"got shape {tuple(b.shape)}")
 
 
-def supports(case: registry.Case) -> str | None:
-    """Enough devices for the case's mesh (real-size cases name 2- and 4-device meshes)."""
-    return sharding.unavailable_reason(case.kwargs["mesh"])
-
-
 def prepare(case: registry.Case, a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
     """A and B laid out over the case's mesh (outside the timed region)."""
     mesh = sharding.make_mesh(case.kwargs["mesh"])

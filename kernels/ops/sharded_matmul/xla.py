@@ -29,7 +29,7 @@ def matmul(a: jax.Array, b: jax.Array, mesh: str) -> jax.Array:
 
 
 registry.register_implementation(registry.Implementation(
-    op=spec.NAME, name="xla", fn=matmul, baseline=True, supports=spec.supports,
+    op=spec.NAME, name="xla", fn=matmul, baseline=True,
     prepare=spec.prepare, requires=registry.Requirements(devices=2),
     description="jnp.matmul partitioned by XLA's SPMD partitioner (NamedSharding in/out)",
 ))

@@ -52,10 +52,6 @@ def validate(x, w, mesh: str) -> None:
                          f"got shape {tuple(w.shape)}")
 
 
-def supports(case: registry.Case) -> str | None:
-    return sharding.unavailable_reason(case.kwargs["mesh"])
-
-
 def prepare(case: registry.Case, x: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
     mesh = sharding.make_mesh(case.kwargs["mesh"])
     return sharding.place(x, mesh, X_SPEC), sharding.place(w, mesh, W_SPEC)

@@ -41,7 +41,7 @@ def vmapped(x: jax.Array, w: jax.Array, mesh: str) -> jax.Array:
 
 
 registry.register_implementation(registry.Implementation(
-    op=spec.NAME, name="vmap", fn=vmapped, supports=spec.supports, prepare=spec.prepare,
+    op=spec.NAME, name="vmap", fn=vmapped, prepare=spec.prepare,
     requires=registry.Requirements(devices=2),
     description="jax.vmap(spmd_axis_name=data) under jit with NamedSharding in and out",
 ))

@@ -30,7 +30,7 @@ def written_out(x: jax.Array, w: jax.Array, mesh: str) -> jax.Array:
 
 
 registry.register_implementation(registry.Implementation(
-    op=spec.NAME, name="xla", fn=written_out, baseline=True, supports=spec.supports,
+    op=spec.NAME, name="xla", fn=written_out, baseline=True,
     prepare=spec.prepare, requires=registry.Requirements(devices=2),
     description="batched einsum + softmax, jit with NamedSharding in and out",
 ))

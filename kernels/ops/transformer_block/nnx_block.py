@@ -134,7 +134,7 @@ def block(x, wq, wk, wv, wo, w_in, w_out, mesh: str) -> jax.Array:
 
 
 registry.register_implementation(registry.Implementation(
-    op=spec.NAME, name="nnx", fn=block, supports=spec.supports, prepare=prepare,
+    op=spec.NAME, name="nnx", fn=block, prepare=prepare,
     requires=registry.Requirements(devices=2, modules=("flax",)),
     description="Flax NNX module, nnx.with_partitioning + logical axis rules, jit",
 ))

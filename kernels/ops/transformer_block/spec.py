@@ -84,10 +84,6 @@ def validate(x, wq, wk, wv, wo, w_in, w_out, mesh: str) -> None:
                              f"got {d[dim]}")
 
 
-def supports(case: registry.Case) -> str | None:
-    return sharding.unavailable_reason(case.kwargs["mesh"])
-
-
 def make_inputs(case: registry.Case, rng: np.random.Generator,
                 distribution: str) -> tuple[np.ndarray, ...]:
     """Normal entries, weights scaled by 1/sqrt(fan-in); "large" scales x by 10."""

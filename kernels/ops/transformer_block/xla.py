@@ -43,7 +43,7 @@ def block(x, wq, wk, wv, wo, w_in, w_out, mesh: str) -> jax.Array:
 
 
 registry.register_implementation(registry.Implementation(
-    op=spec.NAME, name="xla", fn=block, baseline=True, supports=spec.supports, prepare=prepare,
+    op=spec.NAME, name="xla", fn=block, baseline=True, prepare=prepare,
     requires=registry.Requirements(devices=2),
     description="plain jnp block, jit with NamedSharding in/out (XLA chooses the rest)",
 ))
