@@ -42,3 +42,12 @@ def check_same_dtype(**arrays: Any) -> None:
     if len(set(names.values())) > 1:
         listed = ", ".join(f"{name}={dtype}" for name, dtype in names.items())
         raise TypeError(f"expected one dtype for {', '.join(names)}, got {listed}")
+
+
+def check_powers_of_two(config: Any, names: tuple[str, ...], *, at_least: int = 1) -> None:
+    """Block-config fields that Triton and Pallas need as powers of two (>= `at_least`)."""
+    for name in names:
+        value = getattr(config, name)
+        if value < at_least or value & (value - 1):
+            bound = f" >= {at_least}" if at_least > 1 else ""
+            raise ValueError(f"{name}: expected a power of two{bound}, got {value}")

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels import compat, registry
+from kernels import compat, registry, validation
 from kernels.ops.attention import spec
 
 plt = compat.pallas_triton()
@@ -49,14 +49,9 @@ class AttentionConfig:
     num_warps_bwd: int
 
     def __post_init__(self) -> None:
-        for name in ("block_q", "block_k", "block_q_bwd", "block_k_bwd"):
-            value = getattr(self, name)
-            if value < 16 or value & (value - 1):
-                raise ValueError(f"{name}: expected a power of two >= 16, got {value}")
-        for name in ("num_warps", "num_warps_bwd"):
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"{name}: expected a power of two, got {value}")
+        validation.check_powers_of_two(self, ("block_q", "block_k", "block_q_bwd", "block_k_bwd"),
+                                       at_least=16)
+        validation.check_powers_of_two(self, ("num_warps", "num_warps_bwd"))
 
 
 def default_config(head_dim: int, interpret: bool, dtype=jnp.bfloat16) -> AttentionConfig:

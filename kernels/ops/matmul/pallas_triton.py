@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels import compat, registry, tuning
+from kernels import compat, registry, tuning, validation
 from kernels.ops.matmul import spec
 
 plt = compat.pallas_triton()
@@ -39,10 +39,8 @@ class MatmulConfig:
     num_stages: int = 3
 
     def __post_init__(self) -> None:
-        for name in ("block_m", "block_n", "block_k", "group_m", "num_warps"):
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"{name}: expected a power of two, got {value}")
+        validation.check_powers_of_two(
+            self, ("block_m", "block_n", "block_k", "group_m", "num_warps"))
         for name in ("block_m", "block_n", "block_k"):
             if getattr(self, name) < 16:
                 raise ValueError(f"{name}: expected >= 16 (tl.dot's smallest tile), "

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import compat, frameworks, registry
+from kernels import compat, frameworks, registry, validation
 from kernels.ops.matmul import spec
 
 compat.patch_triton_interpreter()
@@ -41,10 +41,8 @@ class MatmulConfig:
     num_stages: int = 3
 
     def __post_init__(self) -> None:
-        for name in ("block_m", "block_n", "block_k", "group_m", "num_warps"):
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"{name}: expected a power of two, got {value}")
+        validation.check_powers_of_two(
+            self, ("block_m", "block_n", "block_k", "group_m", "num_warps"))
         if self.num_stages < 1:
             raise ValueError(f"num_stages: expected >= 1, got {self.num_stages}")
 

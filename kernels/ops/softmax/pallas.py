@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels import compat, registry
+from kernels import compat, registry, validation
 from kernels.hlo import HloExpectation, HloRules
 from kernels.ops.softmax import spec
 
@@ -37,10 +37,7 @@ class SoftmaxConfig:
     num_warps: int
 
     def __post_init__(self) -> None:
-        for name in ("block_rows", "block_cols", "num_warps"):
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"{name}: expected a power of two, got {value}")
+        validation.check_powers_of_two(self, ("block_rows", "block_cols", "num_warps"))
 
 
 # Widest column block held in registers: 16 KiB of float32 per row keeps 8 warps

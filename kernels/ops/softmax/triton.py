@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import compat, frameworks, registry
+from kernels import compat, frameworks, registry, validation
 from kernels.ops.softmax import spec
 
 compat.patch_triton_interpreter()
@@ -34,10 +34,7 @@ class SoftmaxConfig:
     num_warps: int
 
     def __post_init__(self) -> None:
-        for name in ("block", "num_warps"):
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"{name}: expected a power of two, got {value}")
+        validation.check_powers_of_two(self, ("block", "num_warps"))
 
 
 # Widest row block held in registers: 8192 float32 per row over 16 warps is 16 values a
