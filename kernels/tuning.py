@@ -20,7 +20,6 @@ import dataclasses
 import json
 import pathlib
 import re
-import statistics
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -122,27 +121,16 @@ def tune(tunable: Tunable, timer: Callable[[Callable[[], Any]], float],
     return best, trials
 
 
-def device_timer(runner: Callable[[], Any], repeats: int = 20, warmup: int = 3) -> float:
-    """Median milliseconds of `runner`: host wall time around block_until_ready.
+def device_timer(runner: Callable[[], Any]) -> float:
+    """Median milliseconds of `runner` (a JAX call) through kernels.timing: CUPTI kernel time
+    on a GPU, L2 flushed before each sample, samples until the noise settles."""
+    from kernels import compat, timing
 
-    Accurate only for kernels far longer than a launch; the tuning cases are
-    (milliseconds each), so dispatch overhead is a few percent at most.
-    """
-    import time
-
-    import jax
-
-    for _ in range(warmup):
-        jax.block_until_ready(runner())
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(runner())
-        samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
+    timeable = timing.Timeable("tune", "jax", runner, (), on_gpu=compat.on_gpu())
+    return timing.time_timeable(timeable).median_s * 1e3
 
 
-TIMER_NAME = "host wall time around block_until_ready, median of 20"
+TIMER_NAME = "kernels.timing median (CUPTI on a GPU, cold L2)"
 
 
 # Registered by implementation modules: (op, impl) -> factory returning a Tunable.
