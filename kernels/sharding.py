@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import time
 from collections.abc import Sequence
 
 import jax
@@ -139,8 +138,9 @@ def interconnect_bandwidth(devices: int | None = None, *, message_bytes: int = 2
     Each device holds 1/devices of a `message_bytes` float32 array and gathers
     the rest; the bandwidth counts the bytes a device receives, (n-1)/n of the
     message, the quantity NCCL's tests report as the all-gather "bus bandwidth".
-    The median of `repeats` host-timed runs (each waits for the result); at
-    hundreds of MB per call the dispatch overhead is a small fraction.
+    Wall time per call, the median of `repeats`, from kernels.timing's host clock (each
+    call waits for the result); at hundreds of MB per call the dispatch overhead is a
+    small fraction.
     """
     n = devices or jax.device_count()
     if n < 2:
@@ -149,14 +149,17 @@ def interconnect_bandwidth(devices: int | None = None, *, message_bytes: int = 2
     elements = max(n, message_bytes // 4 // n * n)
     x = place(jnp.arange(elements, dtype=jnp.float32), mesh, PartitionSpec("all"))
     gather = jax.jit(lambda v: v, out_shardings=NamedSharding(mesh, PartitionSpec()))
-    jax.block_until_ready(gather(x))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+    from kernels import timing
+
+    def call():
         jax.block_until_ready(gather(x))
-        times.append(time.perf_counter() - start)
-    return Bandwidth(devices=n, message_bytes=elements * 4, seconds=float(np.median(times)),
-                     timer="host clock, block_until_ready")
+
+    call()  # compile outside the timed region
+    measurement = timing.time_timeable(
+        timing.Timeable("all-gather", "host", call, (), False), regime="hot",
+        rule=timing.StoppingRule(min_samples=repeats, max_samples=repeats))
+    return Bandwidth(devices=n, message_bytes=elements * 4, seconds=measurement.median_s,
+                     timer=f"kernels.timing {measurement.method}, n={measurement.repeats}")
 
 
 @functools.cache
