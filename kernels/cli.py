@@ -35,6 +35,13 @@ def cmd_list(args: argparse.Namespace) -> int:
     for op in registry.operations():
         for impl in registry.implementations(op.name):
             reason = devices.unavailable_reason(impl, machine)
+            if reason is None and not machine.has_gpu:
+                # An implementation may refuse every CPU case (a Mosaic GPU kernel the
+                # interpreter cannot run): say so with its reason, not "runs here".
+                refusals = [impl.supports(case) for case in op.cases_tagged("cpu")]
+                if refusals and all(refusals):
+                    # What the machine lacks ("needs ...") before a case-specific refusal.
+                    reason = min(refusals, key=lambda why: not why.startswith("needs"))
             if reason is None:
                 status = "runs here" + ("" if machine.has_gpu else _cpu_mode(impl))
             else:

@@ -1,0 +1,56 @@
+"""Pallas Mosaic GPU attention specifics the generic harness does not reach on CPU."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernels import compat, registry
+from kernels.ops.attention import pallas_mosaic, spec
+
+
+def test_mosaic_config_checks():
+    with pytest.raises(ValueError, match="block_q: expected a multiple of 64"):
+        pallas_mosaic.MosaicAttentionConfig(block_q=32)
+    with pytest.raises(ValueError, match="block_kv: expected a power of two"):
+        pallas_mosaic.MosaicAttentionConfig(block_kv=96)
+    with pytest.raises(ValueError, match="max_concurrent_steps: expected >= 1"):
+        pallas_mosaic.MosaicAttentionConfig(max_concurrent_steps=0)
+    assert pallas_mosaic.MosaicAttentionConfig().seq_multiple == 128
+
+
+def test_mosaic_rejects_f32_with_the_reason():
+    q = np.ones((1, 8, 1, 64), np.float32)
+    with pytest.raises(TypeError, match="q: expected dtype bfloat16 or float16"):
+        pallas_mosaic.attention(q, q, q)
+    case = next(c for c in registry.operation(spec.NAME).cases if c.dtype == "f32")
+    assert "bf16/f16" in pallas_mosaic.supports(case)
+
+
+@pytest.mark.skipif(compat.on_gpu(), reason="the GPU runs every case compiled instead")
+def test_mosaic_skips_on_cpu_saying_why():
+    bf16 = next(c for c in registry.operation(spec.NAME).cases if c.dtype == "bf16")
+    assert pallas_mosaic.supports(bf16) == pallas_mosaic.NO_INTERPRETER
+    q = jnp.ones((1, 8, 1, 64), jnp.bfloat16)
+    with pytest.raises(RuntimeError, match="interpreter cannot run this kernel"):
+        pallas_mosaic.attention(q, q, q)
+
+
+@pytest.mark.parametrize("shape,dtype,causal", [
+    ((2, 37, 2, 64), jnp.bfloat16, True),     # ragged, one block, causal
+    ((1, 300, 2, 128), jnp.float16, False),   # ragged last key block masked
+    ((4, 4096, 16, 128), jnp.bfloat16, False),  # the benchmark shape
+])
+def test_mosaic_lowers_for_hopper(shape, dtype, causal):
+    """Forward and backward traced and lowered to Mosaic GPU for a CUDA target, on any machine:
+    what can be checked of the kernels without a Hopper GPU (layouts, wgmma shapes,
+    barrier and shared-memory declarations)."""
+    x = jax.ShapeDtypeStruct(shape, dtype)
+    config = pallas_mosaic.GPU_DEFAULT
+
+    def forward_backward(q, k, v, do):
+        _, vjp = jax.vjp(lambda *a: pallas_mosaic._attention(*a, causal, config, False), q, k, v)
+        return vjp(do)
+
+    lowered = jax.jit(forward_backward).trace(x, x, x, x).lower(lowering_platforms=("cuda",))
+    assert lowered.as_text().count("mosaic_gpu") >= 3  # forward, dK/dV and dQ kernels

@@ -1,0 +1,661 @@
+"""Flash attention in Pallas Mosaic GPU (Hopper): FlashAttention-3 forward, wgmma backward, VJP.
+
+Forward (Shah et al., "FlashAttention-3", 2024, Algorithm 1 with the
+"ping-pong" schedule of section 3.1): one CTA per (2 block_q queries, head,
+batch). A producer warpgroup streams K and V blocks by TMA into a
+`max_concurrent_steps`-deep ring of swizzled shared-memory buffers; two
+consumer warpgroups, each owning block_q query rows (kept in shared memory),
+issue wgmma for S = Q K^T (both operands in shared memory) and O += P V (P
+from registers), with the online softmax in registers in base 2 (the logits
+scaled by log2(e) / sqrt(d), so exp2 is one FMA and one MUFU op). A shared
+"schedule" barrier alternates the two consumers, so that one's softmax runs
+while the other's matmuls occupy the tensor cores. The output is normalised
+at the end and written by TMA with the base-2 log-sum-exp of every row.
+
+Backward (FlashAttention-2 Algorithm 2, split in two kernels since Mosaic GPU
+here has no float atomics for dQ): the dK/dV kernel gives each consumer
+warpgroup block_kv_dkv keys (K and V in shared memory) and streams blocks of
+Q, dO, the log-sum-exp and delta = rowsum(dO * O) (computed by XLA); it works
+on transposes (S^T = K Q^T, dP^T = V dO^T) so that P^T and dS^T are register
+A operands of dV += P^T dO and dK += dS^T Q. The dQ kernel gives each
+consumer block_q_dq query rows (Q, dO) and streams K and V blocks:
+dQ += dS K.
+
+Sequence lengths are zero-padded in the wrapper to a multiple of every block
+(one copy of q, k, v, dO, only when seq is not a multiple; the results are
+sliced). The forward masks padded keys (-inf) in the last key block, so they
+never enter the softmax; in the backward they need no mask: a zero key
+row and value row contribute nothing to dQ, and padded query rows (zero dO,
+zero delta) contribute nothing to dK and dV. Under the causal mask, key blocks
+wholly above the diagonal are never loaded and only blocks crossing it are
+masked; causal CTAs are launched longest first.
+
+bf16 and f16 only: wgmma has no float32 operands (pallas_triton covers f32).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from kernels import compat, registry, validation
+from kernels.ops.attention import spec
+
+IMPL = "pallas_mosaic"
+SUPPORTED_DTYPES = ("bf16", "f16")
+LOG2E = math.log2(math.e)
+COMPUTE_WGS = 2  # consumer warpgroups per CTA; a third one is the TMA producer
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MosaicAttentionConfig:
+    """Blocks and pipeline depths.
+
+    Forward: block_q query rows per consumer warpgroup (a CTA holds 2 block_q),
+    block_kv keys per streamed K/V block. dK/dV: block_kv_dkv keys per
+    warpgroup, block_q_dkv queries per streamed block. dQ: block_q_dq rows per
+    warpgroup, block_kv_dq keys per streamed block. Row counts of a warpgroup
+    are wgmma M tiles: multiples of 64.
+    """
+
+    block_q: int = 64
+    block_kv: int = 128
+    max_concurrent_steps: int = 2
+    block_q_dkv: int = 64
+    block_kv_dkv: int = 64
+    block_q_dq: int = 64
+    block_kv_dq: int = 64
+    max_concurrent_steps_bwd: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("block_q", "block_kv_dkv", "block_q_dq"):
+            value = getattr(self, name)
+            if value < 64 or value % 64:
+                raise ValueError(f"{name}: expected a multiple of 64 (wgmma M), got {value}")
+        validation.check_powers_of_two(self, ("block_q", "block_kv", "block_q_dkv",
+                                              "block_kv_dkv", "block_q_dq", "block_kv_dq"),
+                                       at_least=16)
+        for name in ("max_concurrent_steps", "max_concurrent_steps_bwd"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected >= 1, got {getattr(self, name)}")
+
+    @property
+    def seq_multiple(self) -> int:
+        """Sequences are padded to a multiple of this (every block of every kernel)."""
+        return math.lcm(COMPUTE_WGS * self.block_q, self.block_kv, self.block_q_dkv,
+                        COMPUTE_WGS * self.block_kv_dkv, COMPUTE_WGS * self.block_q_dq,
+                        self.block_kv_dq)
+
+
+# Forward at head_dim 128: Q 32 KiB + 2 stages of K and V 128 KiB of shared memory; the
+# S tile and O accumulator take 128 of a consumer's 232 registers (2 x 232 + 40 for the
+# producer: 504 of the 512 per thread slot a 384-thread CTA may hold).
+GPU_DEFAULT = MosaicAttentionConfig()
+
+
+def default_config() -> MosaicAttentionConfig:
+    return GPU_DEFAULT
+
+
+def _smem_layout():
+    """TMA/wgmma layout of a (rows, head_dim) 16-bit tile: 128-byte swizzle, (8, 64) tiles."""
+    plgpu = compat.pallas_mosaic_gpu()
+    return plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)
+
+
+def _when(condition, body) -> None:
+    """pl.when for traced conditions; a plain `if` for Python ones."""
+    if isinstance(condition, bool):
+        if condition:
+            body()
+    else:
+        pl.when(condition)(body)
+
+
+def _int(x) -> jax.Array | int:
+    return x if isinstance(x, int) else x.astype(jnp.int32)
+
+
+def _produce(streams, start, count, stages: int) -> None:
+    """The producer warpgroup: TMA blocks start .. start + count - 1 of every stream into
+    slot (step % stages) of its ring, waiting for the consumers to free the slot first.
+
+    streams: (source(i) -> gmem ref of block i, ring, ready barriers, freed barriers or
+    None when another stream's wait on the same step already covers this one).
+    """
+    plgpu = compat.pallas_mosaic_gpu()
+
+    def issue(step, slot, wait: bool):
+        for source, ring, ready, freed in streams:
+            if wait and freed is not None:
+                plgpu.barrier_wait(freed.at[slot])
+            plgpu.copy_gmem_to_smem(source(start + step), ring.at[slot], ready.at[slot])
+
+    for step in range(stages):
+        _when(step < count, functools.partial(issue, step, step, False))
+    if isinstance(count, int) and count <= stages:
+        return
+
+    @pl.loop(stages, count)
+    def _steady(step):
+        issue(step, lax.rem(step, jnp.int32(stages)), True)
+
+
+def _mask(shape, row_start, col_start, seq: int, causal: bool, *, transposed: bool = False):
+    """Allowed (query, key) pairs of a block in WGMMA layout: key < seq, and key <= query
+    when causal. Rows are queries, columns keys (the reverse when `transposed`)."""
+    plgpu = compat.pallas_mosaic_gpu()
+    rows = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA) + row_start
+    cols = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA) + col_start
+    queries, keys = (cols, rows) if transposed else (rows, cols)
+    ok = keys < seq
+    if causal:
+        ok = ok & (keys <= queries)
+    return ok
+
+
+def _key_steps(q_start, q_rows: int, block_kv: int, seq: int, causal: bool):
+    """(key blocks visited, leading ones that need no mask) for queries
+    q_start .. q_start + q_rows - 1."""
+    total, unmasked = pl.cdiv(seq, block_kv), seq // block_kv
+    if causal:
+        total = jnp.minimum(total, pl.cdiv(q_start + q_rows, block_kv))
+        unmasked = jnp.minimum(unmasked, (q_start + 1) // block_kv)
+    return total, unmasked
+
+
+def _row_block(axis: str, count: int, causal: bool):
+    """Index of this CTA's block along `axis`; causal grids run the longest blocks first."""
+    index = lax.axis_index(axis)
+    return count - 1 - index if causal else index
+
+
+def attention_forward_kernel(
+    # Inputs
+    q_ref, k_ref, v_ref,
+    # Outputs
+    o_ref, lse_ref,
+    # Scratch
+    qo_smem, k_smem, v_smem, lse_smem,
+    q_ready, k_ready, v_ready, k_freed, v_freed, schedule,
+    *,
+    seq: int, causal: bool, config: MosaicAttentionConfig,
+):
+    plgpu = compat.pallas_mosaic_gpu()
+    bq, bk, stages = config.block_q, config.block_kv, config.max_concurrent_steps
+    seq_pad, head_dim = q_ref.shape[1], q_ref.shape[-1]
+    dtype = q_ref.dtype
+    c = LOG2E * spec.scale_of(head_dim)
+    batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
+    cta_q = _row_block("q_blocks", seq_pad // (COMPUTE_WGS * bq), causal) * (COMPUTE_WGS * bq)
+    steps, unmasked = _key_steps(cta_q, COMPUTE_WGS * bq, bk, seq, causal)
+
+    def schedule_sync():
+        plgpu.barrier_arrive(schedule)
+        plgpu.barrier_wait(schedule)
+
+    @pl.when(wg < COMPUTE_WGS)
+    def _consumer():
+        plgpu.set_max_registers(232, action="increase")
+        q_smem = qo_smem.at[wg]
+        q_start = cta_q + wg * bq
+        rows = (batch, pl.ds(q_start, bq), head)
+        plgpu.copy_gmem_to_smem(q_ref.at[rows], q_smem, q_ready.at[wg])
+        plgpu.barrier_wait(q_ready.at[wg])
+        row_layout = plgpu.Layout.WGMMA.reduce(1)
+        m = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), row_layout)
+        row_sum = plgpu.layout_cast(jnp.full((bq,), 0.0, jnp.float32), row_layout)
+        acc = plgpu.layout_cast(jnp.full((bq, head_dim), 0.0, jnp.float32),
+                                plgpu.Layout.WGMMA)
+
+        # Ping-pong: warpgroup 1 starts half a round late.
+        pl.when(wg == 1)(schedule_sync)
+
+        def step(i, carry, masked: bool):
+            acc, m, row_sum = carry
+            slot = lax.rem(i, jnp.int32(stages))
+            plgpu.barrier_wait(k_ready.at[slot])
+
+            def qk(s_ref):
+                plgpu.wgmma(s_ref, q_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
+                schedule_sync()  # the other warpgroup's softmax runs under this matmul
+                return s_ref[...]
+
+            s = pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32))
+            plgpu.barrier_arrive(k_freed.at[slot])
+            if masked:
+                s = jnp.where(_mask((bq, bk), q_start, i * bk, seq, causal), s, -jnp.inf)
+            # Base 2, logits scaled by c = log2(e) / sqrt(d): exp2(s c - m) is one FMA + ex2.
+            # Every row has an allowed key in the first block (key 0), so m is finite from
+            # then on and exp2(-inf - m) is 0, never NaN.
+            m_new = jnp.maximum(m, s.max(axis=1) * c)
+            alpha = jnp.exp2(m - m_new)
+            p = jnp.exp2(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))
+            acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+            row_sum = row_sum * alpha + p.sum(axis=1)
+            p16 = p.astype(dtype)
+            plgpu.barrier_arrive(schedule)  # softmax done
+            plgpu.barrier_wait(v_ready.at[slot])
+            plgpu.barrier_wait(schedule)  # the other warpgroup's matmuls have been issued
+
+            def pv(acc_ref):
+                plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
+
+            acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+            plgpu.barrier_arrive(v_freed.at[slot])
+            return acc, m_new, row_sum
+
+        carry = (acc, m, row_sum)
+        carry = lax.fori_loop(0, _int(unmasked), functools.partial(step, masked=False), carry)
+        if causal or seq % bk:
+            carry = lax.fori_loop(_int(unmasked), _int(steps),
+                                  functools.partial(step, masked=True), carry)
+        acc, m, row_sum = carry
+        pl.when(wg == 0)(schedule_sync)
+
+        acc = acc * lax.broadcast_in_dim(1.0 / row_sum, acc.shape, [0])
+        q_smem[...] = acc.astype(dtype)  # Q is no longer read: its buffer stages O
+        lse_smem.at[wg][...] = m + jnp.log(row_sum) * (1.0 / math.log(2.0))
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(q_smem, o_ref.at[rows])
+        plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[batch, head, pl.ds(q_start, bq)])
+        plgpu.wait_smem_to_gmem(0)
+
+    @pl.when(wg == COMPUTE_WGS)
+    def _producer():
+        plgpu.set_max_registers(40, action="decrease")
+
+        def block(ref, i):
+            return ref.at[batch, pl.ds(i * bk, bk), head]
+
+        _produce([(functools.partial(block, k_ref), k_smem, k_ready, k_freed),
+                  (functools.partial(block, v_ref), v_smem, v_ready, v_freed)],
+                 0, steps, stages)
+
+
+def attention_backward_kernel_dkv(
+    # Inputs
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
+    # Outputs
+    dk_ref, dv_ref,
+    # Scratch
+    k_smem, v_smem, q_ring, do_ring, lse_ring, delta_ring,
+    kv_ready, q_ready, do_ready, lse_ready, delta_ready, freed,
+    *,
+    seq: int, causal: bool, config: MosaicAttentionConfig,
+):
+    plgpu = compat.pallas_mosaic_gpu()
+    bq, bk, stages = config.block_q_dkv, config.block_kv_dkv, config.max_concurrent_steps_bwd
+    seq_pad, head_dim = q_ref.shape[1], q_ref.shape[-1]
+    dtype = q_ref.dtype
+    scale = spec.scale_of(head_dim)
+    c = LOG2E * scale
+    batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
+    cta_k = _row_block("kv_blocks", seq_pad // (COMPUTE_WGS * bk), causal) * (COMPUTE_WGS * bk)
+    end = pl.cdiv(seq, bq)  # query blocks past seq hold only padding: zero dO, no effect
+    if causal:
+        first = cta_k // bq  # query blocks wholly before this CTA's first key see none of it
+        unmasked_from = jnp.minimum(pl.cdiv(cta_k + COMPUTE_WGS * bk - 1, bq), end)
+    else:
+        first, unmasked_from = 0, 0
+    steps = end - first
+
+    @pl.when(wg < COMPUTE_WGS)
+    def _consumer():
+        plgpu.set_max_registers(232, action="increase")
+        k_wg, v_wg = k_smem.at[wg], v_smem.at[wg]
+        k_start = cta_k + wg * bk
+        rows = (batch, pl.ds(k_start, bk), head)
+        plgpu.copy_gmem_to_smem(k_ref.at[rows], k_wg, kv_ready.at[wg])
+        plgpu.copy_gmem_to_smem(v_ref.at[rows], v_wg, kv_ready.at[COMPUTE_WGS + wg])
+        plgpu.barrier_wait(kv_ready.at[wg])
+        plgpu.barrier_wait(kv_ready.at[COMPUTE_WGS + wg])
+        col_layout = plgpu.Layout.WGMMA.reduce(0)
+
+        def step(i, carry, masked: bool):
+            dk, dv = carry
+            slot = lax.rem(i - first, jnp.int32(stages))
+            q_blk, do_blk = q_ring.at[slot], do_ring.at[slot]
+            plgpu.barrier_wait(q_ready.at[slot])
+
+            def s_t(acc_ref):
+                plgpu.wgmma(acc_ref, k_wg, plgpu.transpose_ref(q_blk, (1, 0)))
+                return acc_ref[...]
+
+            st = pl.run_scoped(s_t, plgpu.ACC((bk, bq), jnp.float32))
+            plgpu.barrier_wait(lse_ready.at[slot])
+            lse = plgpu.load(lse_ring.at[slot], (), layout=col_layout)
+            pt = jnp.exp2(st * c - lax.broadcast_in_dim(lse, st.shape, [1]))
+            if masked:
+                pt = jnp.where(_mask((bk, bq), k_start, i * bq, seq, causal, transposed=True),
+                               pt, 0.0)
+            plgpu.barrier_wait(do_ready.at[slot])
+
+            def dv_dpt(refs):
+                dv_ref, dpt_ref = refs
+                plgpu.wgmma(dv_ref, pt.astype(dtype), do_blk)
+                plgpu.wgmma(dpt_ref, v_wg, plgpu.transpose_ref(do_blk, (1, 0)))
+
+            zeros = plgpu.layout_cast(jnp.full((bk, bq), 0.0, jnp.float32), plgpu.Layout.WGMMA)
+            dv, dpt = pl.run_state(dv_dpt)((plgpu.ACC.init(dv), plgpu.ACC.init(zeros)))
+            plgpu.barrier_wait(delta_ready.at[slot])
+            delta = plgpu.load(delta_ring.at[slot], (), layout=col_layout)
+            dst = pt * (dpt - lax.broadcast_in_dim(delta, dpt.shape, [1]))
+
+            def dk_update(dk_ref):
+                plgpu.wgmma(dk_ref, dst.astype(dtype), q_blk)
+
+            dk = pl.run_state(dk_update)(plgpu.ACC.init(dk))
+            plgpu.barrier_arrive(freed.at[slot])
+            return dk, dv
+
+        zeros = plgpu.layout_cast(jnp.full((bk, head_dim), 0.0, jnp.float32), plgpu.Layout.WGMMA)
+        carry = (zeros, zeros)
+        if causal:
+            carry = lax.fori_loop(_int(first), _int(unmasked_from),
+                                  functools.partial(step, masked=True), carry)
+        carry = lax.fori_loop(_int(unmasked_from), _int(end),
+                              functools.partial(step, masked=False), carry)
+        dk, dv = carry
+        k_wg[...] = (dk * scale).astype(dtype)  # K and V are no longer read: they stage dK, dV
+        v_wg[...] = dv.astype(dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(k_wg, dk_ref.at[rows])
+        plgpu.copy_smem_to_gmem(v_wg, dv_ref.at[rows])
+        plgpu.wait_smem_to_gmem(0)
+
+    @pl.when(wg == COMPUTE_WGS)
+    def _producer():
+        plgpu.set_max_registers(40, action="decrease")
+
+        def block(ref, i):
+            return ref.at[batch, pl.ds(i * bq, bq), head]
+
+        def stats(ref, i):
+            return ref.at[batch, head, pl.ds(i * bq, bq)]
+
+        _produce([(functools.partial(block, q_ref), q_ring, q_ready, freed),
+                  (functools.partial(stats, lse_ref), lse_ring, lse_ready, None),
+                  (functools.partial(block, do_ref), do_ring, do_ready, None),
+                  (functools.partial(stats, delta_ref), delta_ring, delta_ready, None)],
+                 first, steps, stages)
+
+
+def attention_backward_kernel_dq(
+    # Inputs
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
+    # Outputs
+    dq_ref,
+    # Scratch
+    q_smem, do_smem, lse_smem, delta_smem, k_ring, v_ring,
+    row_ready, k_ready, v_ready, freed,
+    *,
+    seq: int, causal: bool, config: MosaicAttentionConfig,
+):
+    plgpu = compat.pallas_mosaic_gpu()
+    bq, bk, stages = config.block_q_dq, config.block_kv_dq, config.max_concurrent_steps_bwd
+    seq_pad, head_dim = q_ref.shape[1], q_ref.shape[-1]
+    dtype = q_ref.dtype
+    scale = spec.scale_of(head_dim)
+    c = LOG2E * scale
+    batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
+    cta_q = _row_block("q_blocks", seq_pad // (COMPUTE_WGS * bq), causal) * (COMPUTE_WGS * bq)
+    steps, unmasked = _key_steps(cta_q, COMPUTE_WGS * bq, bk, seq, causal)
+    if not causal:
+        # Padded keys need no mask here: a zero key and value row add nothing to dQ.
+        unmasked = steps
+
+    @pl.when(wg < COMPUTE_WGS)
+    def _consumer():
+        plgpu.set_max_registers(232, action="increase")
+        q_wg, do_wg = q_smem.at[wg], do_smem.at[wg]
+        q_start = cta_q + wg * bq
+        rows = (batch, pl.ds(q_start, bq), head)
+        stats = (batch, head, pl.ds(q_start, bq))
+        loads = ((q_ref.at[rows], q_wg), (do_ref.at[rows], do_wg),
+                 (lse_ref.at[stats], lse_smem.at[wg]), (delta_ref.at[stats], delta_smem.at[wg]))
+        for j, (source, target) in enumerate(loads):
+            plgpu.copy_gmem_to_smem(source, target, row_ready.at[j * COMPUTE_WGS + wg])
+        for j in range(len(loads)):
+            plgpu.barrier_wait(row_ready.at[j * COMPUTE_WGS + wg])
+        row_layout = plgpu.Layout.WGMMA.reduce(1)
+        lse = plgpu.load(lse_smem.at[wg], (), layout=row_layout)
+        delta = plgpu.load(delta_smem.at[wg], (), layout=row_layout)
+
+        def step(i, dq, masked: bool):
+            slot = lax.rem(i, jnp.int32(stages))
+            k_blk, v_blk = k_ring.at[slot], v_ring.at[slot]
+            plgpu.barrier_wait(k_ready.at[slot])
+
+            def qk(acc_ref):
+                plgpu.wgmma(acc_ref, q_wg, plgpu.transpose_ref(k_blk, (1, 0)))
+                return acc_ref[...]
+
+            s = pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32))
+            p = jnp.exp2(s * c - lax.broadcast_in_dim(lse, s.shape, [0]))
+            if masked:
+                p = jnp.where(_mask((bq, bk), q_start, i * bk, seq, causal), p, 0.0)
+            plgpu.barrier_wait(v_ready.at[slot])
+
+            def dov(acc_ref):
+                plgpu.wgmma(acc_ref, do_wg, plgpu.transpose_ref(v_blk, (1, 0)))
+                return acc_ref[...]
+
+            dp = pl.run_scoped(dov, plgpu.ACC((bq, bk), jnp.float32))
+            ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
+
+            def dq_update(dq_ref):
+                plgpu.wgmma(dq_ref, ds.astype(dtype), k_blk)
+
+            dq = pl.run_state(dq_update)(plgpu.ACC.init(dq))
+            plgpu.barrier_arrive(freed.at[slot])
+            return dq
+
+        dq = plgpu.layout_cast(jnp.full((bq, head_dim), 0.0, jnp.float32), plgpu.Layout.WGMMA)
+        dq = lax.fori_loop(0, _int(unmasked), functools.partial(step, masked=False), dq)
+        if causal:
+            dq = lax.fori_loop(_int(unmasked), _int(steps), functools.partial(step, masked=True),
+                               dq)
+        q_wg[...] = (dq * scale).astype(dtype)  # Q is no longer read: its buffer stages dQ
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(q_wg, dq_ref.at[rows])
+        plgpu.wait_smem_to_gmem(0)
+
+    @pl.when(wg == COMPUTE_WGS)
+    def _producer():
+        plgpu.set_max_registers(40, action="decrease")
+
+        def block(ref, i):
+            return ref.at[batch, pl.ds(i * bk, bk), head]
+
+        _produce([(functools.partial(block, k_ref), k_ring, k_ready, freed),
+                  (functools.partial(block, v_ref), v_ring, v_ready, None)],
+                 0, steps, stages)
+
+
+def _launch(body, inputs, out_type, scratch, grid, grid_names, interpret: bool):
+    plgpu = compat.pallas_mosaic_gpu()
+    return plgpu.kernel(
+        body,
+        out_type=out_type,
+        scratch_types=scratch,
+        grid=grid,
+        grid_names=grid_names,
+        num_threads=COMPUTE_WGS + 1,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        interpret=compat.mosaic_gpu_interpret_params() if interpret else False,
+    )(*inputs)
+
+
+def _pad(x: jax.Array, seq_pad: int, axis: int = 1) -> jax.Array:
+    if x.shape[axis] == seq_pad:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, seq_pad - x.shape[axis])
+    return jnp.pad(x, widths)
+
+
+def _padded_length(seq: int, config: MosaicAttentionConfig) -> int:
+    return pl.cdiv(seq, config.seq_multiple) * config.seq_multiple
+
+
+def _forward(q, k, v, causal: bool, config: MosaicAttentionConfig, interpret: bool):
+    """(o, lse): o like q; lse (batch, heads, padded seq) float32, base 2, over the logits
+    scaled by 1/sqrt(d)."""
+    plgpu = compat.pallas_mosaic_gpu()
+    batch, seq, heads, head_dim = q.shape
+    seq_pad = _padded_length(seq, config)
+    bq, bk, stages = config.block_q, config.block_kv, config.max_concurrent_steps
+    stages = min(stages, pl.cdiv(seq, bk))
+    config = dataclasses.replace(config, max_concurrent_steps=stages)
+    layout = _smem_layout()
+    scratch = [
+        plgpu.SMEM((COMPUTE_WGS, bq, head_dim), q.dtype, transforms=layout),
+        plgpu.SMEM((stages, bk, head_dim), q.dtype, transforms=layout),
+        plgpu.SMEM((stages, bk, head_dim), q.dtype, transforms=layout),
+        plgpu.SMEM((COMPUTE_WGS, bq), jnp.float32),
+        plgpu.Barrier(num_barriers=COMPUTE_WGS),
+        plgpu.Barrier(num_barriers=stages),
+        plgpu.Barrier(num_barriers=stages),
+        plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),
+        plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),
+        plgpu.Barrier(num_arrivals=COMPUTE_WGS),
+    ]
+    o, lse = _launch(
+        functools.partial(attention_forward_kernel, seq=seq, causal=causal, config=config),
+        [_pad(x, seq_pad) for x in (q, k, v)],
+        (jax.ShapeDtypeStruct((batch, seq_pad, heads, head_dim), q.dtype),
+         jax.ShapeDtypeStruct((batch, heads, seq_pad), jnp.float32)),
+        scratch, (seq_pad // (COMPUTE_WGS * bq), heads, batch), ("q_blocks", "heads", "batch"),
+        interpret)
+    return o[:, :seq], lse
+
+
+def _backward(q, k, v, o, lse, do, causal: bool, config: MosaicAttentionConfig,
+              interpret: bool):
+    plgpu = compat.pallas_mosaic_gpu()
+    batch, seq, heads, head_dim = q.shape
+    seq_pad = lse.shape[-1]
+    stages = config.max_concurrent_steps_bwd
+    delta = jnp.einsum("bshd,bshd->bhs", o.astype(jnp.float32), do.astype(jnp.float32))
+    inputs = [_pad(x, seq_pad) for x in (q, k, v, do)] + [lse, _pad(delta, seq_pad, axis=2)]
+    padded = jax.ShapeDtypeStruct((batch, seq_pad, heads, head_dim), q.dtype)
+    layout = _smem_layout()
+    options = dict(seq=seq, causal=causal)
+
+    bq, bk = config.block_q_dkv, config.block_kv_dkv
+    dkv_stages = min(stages, pl.cdiv(seq, bq))
+    dk, dv = _launch(
+        functools.partial(attention_backward_kernel_dkv, **options,
+                          config=dataclasses.replace(config, max_concurrent_steps_bwd=dkv_stages)),
+        inputs, (padded, padded),
+        [plgpu.SMEM((COMPUTE_WGS, bk, head_dim), q.dtype, transforms=layout),
+         plgpu.SMEM((COMPUTE_WGS, bk, head_dim), q.dtype, transforms=layout),
+         plgpu.SMEM((dkv_stages, bq, head_dim), q.dtype, transforms=layout),
+         plgpu.SMEM((dkv_stages, bq, head_dim), q.dtype, transforms=layout),
+         plgpu.SMEM((dkv_stages, bq), jnp.float32),
+         plgpu.SMEM((dkv_stages, bq), jnp.float32),
+         plgpu.Barrier(num_barriers=2 * COMPUTE_WGS),
+         *(plgpu.Barrier(num_barriers=dkv_stages) for _ in range(4)),
+         plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=dkv_stages)],
+        (seq_pad // (COMPUTE_WGS * bk), heads, batch), ("kv_blocks", "heads", "batch"),
+        interpret)
+
+    bq, bk = config.block_q_dq, config.block_kv_dq
+    dq_stages = min(stages, pl.cdiv(seq, bk))
+    dq = _launch(
+        functools.partial(attention_backward_kernel_dq, **options,
+                          config=dataclasses.replace(config, max_concurrent_steps_bwd=dq_stages)),
+        inputs, padded,
+        [plgpu.SMEM((COMPUTE_WGS, bq, head_dim), q.dtype, transforms=layout),
+         plgpu.SMEM((COMPUTE_WGS, bq, head_dim), q.dtype, transforms=layout),
+         plgpu.SMEM((COMPUTE_WGS, bq), jnp.float32),
+         plgpu.SMEM((COMPUTE_WGS, bq), jnp.float32),
+         plgpu.SMEM((dq_stages, bk, head_dim), q.dtype, transforms=layout),
+         plgpu.SMEM((dq_stages, bk, head_dim), q.dtype, transforms=layout),
+         plgpu.Barrier(num_barriers=4 * COMPUTE_WGS),
+         plgpu.Barrier(num_barriers=dq_stages),
+         plgpu.Barrier(num_barriers=dq_stages),
+         plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=dq_stages)],
+        (seq_pad // (COMPUTE_WGS * bq), heads, batch), ("q_blocks", "heads", "batch"),
+        interpret)
+    return dq[:, :seq], dk[:, :seq], dv[:, :seq]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _attention(q, k, v, causal, config, interpret):
+    return _forward(q, k, v, causal, config, interpret)[0]
+
+
+def _attention_fwd(q, k, v, causal, config, interpret):
+    o, lse = _forward(q, k, v, causal, config, interpret)
+    return o, (q, k, v, o, lse)
+
+
+def _attention_bwd(causal, config, interpret, residuals, do):
+    q, k, v, o, lse = residuals
+    return _backward(q, k, v, o, lse, do, causal, config, interpret)
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+_attention_jit = jax.jit(_attention, static_argnums=(3, 4, 5))
+
+
+# Why no case runs on CPU. Tried on jax 0.10.2 with InterpretGPUParams (bf16 1x37x1x64, causal):
+# "NotImplementedError: Higher-order primitive run_state"; its wgmma also reads the A operand
+# only from a shared-memory allocation, and this kernel keeps P and dS in registers.
+NO_INTERPRETER = (
+    "needs a Hopper GPU: JAX's Mosaic GPU interpreter cannot run this kernel (no pl.run_state "
+    "for register-carried wgmma accumulators, no wgmma A operand from registers, which the "
+    "FA3 P V and dS K products use); on CPU, test_pallas_attention.py lowers it for sm_90a "
+    "instead")
+
+
+def supports(case: registry.Case) -> str | None:
+    if case.dtype not in SUPPORTED_DTYPES:
+        return (f"Mosaic GPU wgmma takes bf16/f16 operands, not {case.dtype}; pallas_triton "
+                f"covers f32")
+    if not compat.on_gpu():
+        return NO_INTERPRETER
+    return None
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False,
+              config: MosaicAttentionConfig | None = None,
+              interpret: bool = False) -> jax.Array:
+    """softmax(Q K^T / sqrt(d) + mask) V for bf16/f16 (batch, seq, heads, head_dim) inputs on
+    Hopper; differentiable.
+
+    Args:
+      causal: mask key j > query i.
+      config: blocks and pipeline depths; `default_config()` when None.
+      interpret: run JAX's Mosaic GPU interpreter (jax 0.10.2's cannot: see NO_INTERPRETER).
+    Returns:
+      An array of q's shape and dtype.
+    """
+    spec.validate(q, k, v, causal)
+    if str(q.dtype) not in ("bfloat16", "float16"):
+        raise TypeError(f"q: expected dtype bfloat16 or float16 (wgmma operands), got {q.dtype}")
+    if not interpret and not compat.on_gpu():
+        raise RuntimeError(NO_INTERPRETER)
+    config = config or default_config()
+    return _attention_jit(q, k, v, bool(causal), config, interpret)
+
+
+registry.register_implementation(registry.Implementation(
+    op=spec.NAME,
+    name=IMPL,
+    fn=attention,
+    requires=registry.Requirements(min_compute_capability=(9, 0)),
+    supports=supports,
+    description="Pallas Mosaic GPU: FlashAttention-3 forward (TMA K/V ring, 2 ping-pong "
+                "wgmma consumer warpgroups, exp2 online softmax), wgmma dK/dV and dQ "
+                "backward kernels; zero-padded ragged sequences; custom VJP",
+))
