@@ -96,6 +96,10 @@ class MosaicAttentionConfig:
 # Forward at head_dim 128: Q 32 KiB + 2 stages of K and V 128 KiB of shared memory; the
 # S tile and O accumulator take 128 of a consumer's 232 registers (2 x 232 + 40 for the
 # producer: 504 of the 512 per thread slot a 384-thread CTA may hold).
+# Measured on an H100 (bf16, batch 4, heads 16, seq 4096, head_dim 128, non-causal, CUPTI,
+# cold L2), cuDNN in the same run: forward 0.958 ms = 574 TFLOP/s (cuDNN 0.812 ms, 677), so
+# 0.848x; backward 3.39 ms = 405 TFLOP/s counted as 2.5x the forward (cuDNN 2.68 ms, 512),
+# 0.79x. No other configuration was timed.
 GPU_DEFAULT = MosaicAttentionConfig()
 
 
