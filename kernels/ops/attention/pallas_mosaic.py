@@ -31,6 +31,8 @@ wholly above the diagonal are never loaded and only blocks crossing it are
 masked; causal CTAs are launched longest first.
 
 bf16 and f16 only: wgmma has no float32 operands (pallas_triton covers f32).
+Hopper only: JAX's Mosaic GPU interpreter cannot run these kernels (see
+NO_INTERPRETER); on CPU the tests lower them for a CUDA target instead.
 """
 
 from __future__ import annotations
@@ -94,8 +96,9 @@ class MosaicAttentionConfig:
 
 
 # Forward at head_dim 128: Q 32 KiB + 2 stages of K and V 128 KiB of shared memory; the
-# S tile and O accumulator take 128 of a consumer's 232 registers (2 x 232 + 40 for the
-# producer: 504 of the 512 per thread slot a 384-thread CTA may hold).
+# S tile and O accumulator take 128 of a consumer's 232 registers per thread (2 x 232 + 40
+# for the producer = 504 per lane across the three warpgroups; the 64K-register file allows
+# 512).
 # Measured on an H100 (bf16, batch 4, heads 16, seq 4096, head_dim 128, non-causal, CUPTI,
 # cold L2), cuDNN in the same run: forward 0.958 ms = 574 TFLOP/s (cuDNN 0.812 ms, 677), so
 # 0.848x; backward 3.39 ms = 405 TFLOP/s counted as 2.5x the forward (cuDNN 2.68 ms, 512),
@@ -123,6 +126,7 @@ def _when(condition, body) -> None:
 
 
 def _int(x) -> jax.Array | int:
+    """A loop bound as int32 (Python ints pass through)."""
     return x if isinstance(x, int) else x.astype(jnp.int32)
 
 
