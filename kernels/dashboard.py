@@ -123,16 +123,19 @@ def localize(html_dir: str | os.PathLike) -> list[str]:
     return replaced
 
 
-def _config(repo: Path, results_dir: Path, html_dir: Path, branches: list[str] | None) -> dict:
+def asv_config(repo: Path, results_dir: Path, html_dir: Path, branches: list[str] | None = None,
+               **paths: Path) -> dict:
+    """asv.conf.json with absolute paths: `repo`, the folders, and any other `paths` keys."""
     config = json.loads((ROOT / "asv.conf.json").read_text())
     config.update(repo=str(repo), results_dir=str(results_dir), html_dir=str(html_dir),
-                  benchmark_dir=str(ROOT / "perf_tests"))
+                  benchmark_dir=str(ROOT / "perf_tests"),
+                  **{key: str(path) for key, path in paths.items()})
     if branches:
         config["branches"] = branches
     return config
 
 
-def _asv(config: dict, *args: str, env: dict | None = None) -> None:
+def run_asv(config: dict, *args: str, env: dict | None = None) -> str:
     """asv with `config` (written to a temporary file), from the repository root (asv imports
     the ".kernels.asv_plugin" plug-in relative to the working directory)."""
     with tempfile.TemporaryDirectory(prefix="kernelperf-asv-conf-") as tmp:
@@ -143,13 +146,14 @@ def _asv(config: dict, *args: str, env: dict | None = None) -> None:
     if result.returncode:
         raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}):\n"
                            f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result.stdout
 
 
 def publish(results_dir: str | os.PathLike, html_dir: str | os.PathLike, *,
             repo: str | os.PathLike = ROOT, branches: list[str] | None = None) -> Path:
     """`asv publish` of `results_dir` into `html_dir`, which then works offline."""
     html_dir = Path(html_dir).resolve()
-    _asv(_config(Path(repo).resolve(), Path(results_dir).resolve(), html_dir, branches),
+    run_asv(asv_config(Path(repo).resolve(), Path(results_dir).resolve(), html_dir, branches),
          "publish", "--no-pull")
     localize(html_dir)
     return html_dir
@@ -223,12 +227,12 @@ class GraphFacts:
     error_page: bool  # asv sent the page to error.html (a script failed to load)
     canvases: int  # flot's canvases in #main-graph (flot-base, flot-overlay)
     tick_labels: list[str]  # the axes' tick labels flot drew as text
-    legend: list[str]  # one label per plotted series
+    legend: list[str]  # one label per plotted series; none when there is one series
 
     @property
     def drawn(self) -> bool:
-        return (not self.error_page and self.canvases >= 2 and len(self.tick_labels) >= 2
-                and bool(self.legend))
+        """flot drew the graph's axes; whether points were drawn: `series_pixels`."""
+        return not self.error_page and self.canvases >= 2 and len(self.tick_labels) >= 2
 
 
 def graph_facts(dom: str) -> GraphFacts:
@@ -292,11 +296,13 @@ def main(argv: list[str] | None = None) -> int:
     facts = screenshot(args.results_dir, args.benchmark, args.png, html_dir=args.html_dir,
                        branches=args.branch, size=(width, height),
                        params=dict(p.split("=", 1) for p in args.param))
-    print(f"wrote {args.png}: {'graph drawn' if facts.drawn else 'NO GRAPH DRAWN'}; "
-          f"{len(facts.legend)} series ({', '.join(facts.legend[:6])}"
-          f"{', ...' if len(facts.legend) > 6 else ''}); {len(facts.tick_labels)} tick labels")
-    return 0 if facts.drawn else 1
-
+    pixels = series_pixels(args.png)
+    drawn = facts.drawn and pixels > 0
+    print(f"wrote {args.png}: {'graph drawn' if drawn else 'NO GRAPH DRAWN'}; "
+          f"{len(facts.legend) or 'one'} series ({', '.join(facts.legend[:6])}"
+          f"{', ...' if len(facts.legend) > 6 else ''}), {pixels} pixels in their colours; "
+          f"{len(facts.tick_labels)} tick labels")
+    return 0 if drawn else 1
 
 if __name__ == "__main__":
     raise SystemExit(main())
