@@ -272,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results_dir", nargs="?", help="asv results folder (machine folders "
                         "and benchmarks.json), e.g. perf_tests/results/asv")
-    parser.add_argument("benchmark", nargs="?", help="e.g. benchmarks.Softmax.time_device")
+    parser.add_argument("benchmark", nargs="?", help="e.g. benchmarks.Softmax.time_device "
+                        "(the benchmarks. prefix may be left out)")
     parser.add_argument("--png", help="where to write the screenshot")
     parser.add_argument("--html-dir", help="keep the published dashboard here (default: temp)")
     parser.add_argument("--branch", action="append", help="branches to show (default: "
@@ -282,9 +283,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", default="1400x900", help="window WIDTHxHEIGHT")
     parser.add_argument("--missing-packages", action="store_true",
                         help="print the Debian packages this needs and lacks, then exit")
+    parser.add_argument("--localize", metavar="HTML_DIR", help="only point an `asv publish` "
+                        "output's CDN scripts at local copies, then exit")
     args = parser.parse_args(argv)
     if args.missing_packages:
         print(" ".join(missing_packages()))
+        return 0
+    if args.localize:
+        print(f"{args.localize}: {len(localize(args.localize))} scripts served locally")
         return 0
     if not (args.results_dir and args.benchmark and args.png):
         parser.error("results_dir, benchmark and --png are required")
@@ -293,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         print(reason, file=sys.stderr)
         return 2
     width, height = (int(n) for n in args.size.lower().split("x"))
-    facts = screenshot(args.results_dir, args.benchmark, args.png, html_dir=args.html_dir,
+    benchmark = args.benchmark if args.benchmark.startswith("benchmarks.") \
+        else f"benchmarks.{args.benchmark}"
+    facts = screenshot(args.results_dir, benchmark, args.png, html_dir=args.html_dir,
                        branches=args.branch, size=(width, height),
                        params=dict(p.split("=", 1) for p in args.param))
     pixels = series_pixels(args.png)
