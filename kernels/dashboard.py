@@ -38,17 +38,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# File name in asv's CDN address -> local copies of the same library, first found wins.
+# File name in asv's CDN address -> (Debian package, its copies of the same library; first
+# found wins). jQuery's is byte-identical to the CDN's file.
+_JQUERY, _FLOT = "/usr/share/haskell-js-jquery", "/usr/share/haskell-js-flot"
+_BOOTSTRAP = "/usr/share/javascript/bootstrap"
 VENDOR = {
-    "jquery-3.3.1.min.js": ["/usr/share/haskell-js-jquery/jquery-3.3.1.min.js",
-                            "/usr/share/javascript/jquery/jquery.min.js"],
-    "jquery.flot.min.js": ["/usr/share/haskell-js-flot/jquery.flot.min.js"],
-    "jquery.flot.time.min.js": ["/usr/share/haskell-js-flot/jquery.flot.time.min.js"],
-    "jquery.flot.selection.min.js": ["/usr/share/haskell-js-flot/jquery.flot.selection.min.js"],
-    "jquery.flot.categories.min.js": ["/usr/share/haskell-js-flot/jquery.flot.categories.min.js"],
-    "md5.min.js": ["/usr/share/javascript/blueimp-md5/md5.min.js"],
-    "bootstrap.min.js": ["/usr/share/javascript/bootstrap/js/bootstrap.min.js"],
-    "bootstrap.min.css": ["/usr/share/javascript/bootstrap/css/bootstrap.min.css"],
+    "jquery-3.3.1.min.js": ("libghc-js-jquery-data", [f"{_JQUERY}/jquery-3.3.1.min.js",
+                                                      "/usr/share/javascript/jquery/jquery.min.js"]),
+    **{name: ("libghc-js-flot-data", [f"{_FLOT}/{name}"]) for name in (
+        "jquery.flot.min.js", "jquery.flot.time.min.js", "jquery.flot.selection.min.js",
+        "jquery.flot.categories.min.js")},
+    "md5.min.js": ("node-blueimp-md5", ["/usr/share/javascript/blueimp-md5/md5.min.js"]),
+    "bootstrap.min.js": ("libjs-bootstrap", [f"{_BOOTSTRAP}/js/bootstrap.min.js"]),
+    "bootstrap.min.css": ("libjs-bootstrap", [f"{_BOOTSTRAP}/css/bootstrap.min.css"]),
 }
 # Plug-ins with no Debian copy; what stands in for them.
 SHIMS = {
@@ -56,9 +58,8 @@ SHIMS = {
     "stupidtable.min.js": "/* kernelperf: stupidtable left out; tables not sortable */\n"
                           "jQuery.fn.stupidtable = function () { return this; };\n",
 }
-# Debian packages holding VENDOR's files, and the browser.
-APT_PACKAGES = ("chromium", "libghc-js-jquery-data", "libghc-js-flot-data", "node-blueimp-md5",
-                "libjs-bootstrap")
+# The browser and the Debian packages holding VENDOR's files.
+APT_PACKAGES = ("chromium", *dict.fromkeys(package for package, _ in VENDOR.values()))
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 # asv.js's series colours, first two: the graph's points and lines are drawn in these.
 SERIES_COLORS = ((0x24, 0x7A, 0xAD), (0xE2, 0x4A, 0x33))
@@ -70,16 +71,13 @@ def browser() -> str | None:
 
 
 def _vendor_source(name: str) -> str | None:
-    return next((path for path in VENDOR[name] if os.path.isfile(path)), None)
+    return next((path for path in VENDOR[name][1] if os.path.isfile(path)), None)
 
 
 def missing_packages() -> list[str]:
     """The Debian packages (APT_PACKAGES) whose files are not here."""
     missing = [] if browser() else ["chromium"]
-    packages = {"jquery-3.3.1.min.js": "libghc-js-jquery-data", "md5.min.js": "node-blueimp-md5",
-                "bootstrap.min.js": "libjs-bootstrap", "bootstrap.min.css": "libjs-bootstrap"}
-    for name in VENDOR:
-        package = packages.get(name, "libghc-js-flot-data")
+    for name, (package, _) in VENDOR.items():
         if _vendor_source(name) is None and package not in missing:
             missing.append(package)
     return missing
