@@ -9,10 +9,11 @@ PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 BASE ?= main
 
 .PHONY: install test lint pytest test-gpu cuda list bench bench-compare noise-floor dashboard clean \
+	dashboard-deps dashboard-screenshot \
 	roofline plot-roofline verify-timing ceilings
 .PHONY: xprof-serve xprof-list download-traces xprof-tunnel
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed dashboard-deps
 
 # torch==2.13.0 is pinned before the project so pip takes the CPU build where
 # one is provided (a range would let pip choose a multi-GB CUDA build).
@@ -22,6 +23,23 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet torch==2.13.0 triton==3.6.0
 	$(BIN)/python -m pip install --quiet -e '.[dev,triton]'
 	touch $@
+
+# Headless chromium and Debian's copies of the scripts asv's dashboard loads from CDNs
+# (kernels/dashboard.py): apt-get installs only what is missing, as root or through sudo -n.
+# Where it cannot, install goes on and correctness_tests/test_dashboard.py skips, naming them.
+dashboard-deps: $(VENV)/.installed
+	@missing="$$($(BIN)/python -m kernels.dashboard --missing-packages)"; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then sudo=; elif sudo -n true 2>/dev/null; then sudo="sudo -n"; \
+	else sudo=no; fi; \
+	if [ "$$sudo" = no ] || ! command -v apt-get >/dev/null; then \
+		echo "dashboard test will skip: needs $$missing (apt-get install)"; exit 0; fi; \
+	echo "apt-get install $$missing"; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	$$sudo apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1 || \
+	{ $$sudo apt-get update -q >/dev/null 2>&1 && \
+	  $$sudo apt-get install -y -q --no-install-recommends $$missing >/dev/null; } || \
+	echo "could not install $$missing: the dashboard test will skip"
 
 test: install lint pytest
 
@@ -68,9 +86,22 @@ RUNS ?= 3
 noise-floor:
 	$(PY) -m kernels noise-floor --runs $(RUNS) $(if $(BENCH),--bench $(BENCH))
 
+# The local copies of asv's CDN scripts (make dashboard-deps), so the page works offline too.
 dashboard:
 	$(PY) -m asv publish
+	$(PY) -m kernels.dashboard --localize .asv/html
 	$(PY) -m asv preview
+
+# A PNG of one benchmark's dashboard graph, published from RESULTS and drawn by headless
+# chromium, offline, e.g. (XAXIS=implementation: bars per implementation, for one commit)
+#   make dashboard-screenshot RESULTS=perf_tests/results/asv BENCH=Softmax.time_device \
+#       PNG=softmax.png XAXIS=implementation
+RESULTS ?= .asv/results
+PNG ?= dashboard.png
+dashboard-screenshot:
+	$(if $(BENCH),,$(error BENCH=<benchmark> is required, e.g. BENCH=Softmax.time_device))
+	$(PY) -m kernels.dashboard $(RESULTS) $(BENCH) --png $(PNG) \
+		$(if $(XAXIS),--param x-axis=$(XAXIS))
 
 # Compile every CUDA kernel (kernels/ops/*/*.cu) into the build cache: for the GPU present,
 # else for sm_90a. Needs only nvcc and Python's standard library (torch, if present, names the GPU).
