@@ -76,6 +76,8 @@ list:
 # asv on HEAD; results go to .asv/results/<device model>/.
 bench:
 	$(PY) -m kernels bench
+	$(PY) -m asv publish
+	$(PY) -m kernels.dashboard --localize .asv/html
 
 # asv on $(BASE) and HEAD, then a verdict per row; exits 1 if HEAD is slower.
 bench-compare:
