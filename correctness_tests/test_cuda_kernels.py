@@ -13,7 +13,7 @@ from kernels.cuda import build, runtime
 
 torch = pytest.importorskip("torch")
 
-from kernels.ops.matmul import cuda_mma, cuda_sgemm  # noqa: E402
+from kernels.ops.matmul import cuda_mma, cuda_sgemm, cuda_wgmma  # noqa: E402
 from kernels.ops.row_sum import cuda as row_sum_cuda  # noqa: E402
 from kernels.ops.softmax import cuda as softmax_cuda  # noqa: E402
 
@@ -38,6 +38,9 @@ CALLS = {
     "matmul-cuda_sgemm": (cuda_sgemm.matmul, lambda: (torch.randn(4, 8), torch.randn(8, 3)), "a"),
     "matmul-cuda_mma": (cuda_mma.matmul, lambda: (torch.randn(4, 8, dtype=torch.bfloat16),
                                                   torch.randn(8, 3, dtype=torch.bfloat16)), "a"),
+    "matmul-cuda_wgmma": (cuda_wgmma.matmul, lambda: (torch.randn(4, 8, dtype=torch.bfloat16),
+                                                      torch.randn(8, 8, dtype=torch.bfloat16)),
+                          "a"),
 }
 
 
@@ -89,7 +92,7 @@ def test_tensor_needing_gradients_is_rejected(impl_id, no_build):
 def test_numpy_array_is_rejected(impl_id, no_build):
     fn, make_args, name = CALLS[impl_id]
     args = [np.asarray(a.float()).astype(dtypes.to_numpy("f32")) for a in make_args()]
-    if impl_id == "matmul-cuda_mma":
+    if impl_id in ("matmul-cuda_mma", "matmul-cuda_wgmma"):
         args = [a.astype(dtypes.to_numpy("bf16")) for a in args]
     with pytest.raises(TypeError, match=f"{name}: expected a torch tensor, got ndarray"):
         fn(*args)
@@ -110,8 +113,37 @@ def test_matmul_kernels_take_only_their_dtypes(no_build):
     with pytest.raises(TypeError, match="a: cuda_mma expects bfloat16 or float16 .* got float32"):
         cuda_mma.matmul(torch.ones(4, 8), torch.ones(8, 3))
     case = registry.make_case("matmul", "bf16", {"m": 8, "n": 8, "k": 8})
+    with pytest.raises(TypeError, match="a: cuda_wgmma expects bfloat16 or float16 .* got "
+                                        "float32"):
+        cuda_wgmma.matmul(torch.ones(4, 8), torch.ones(8, 8))
     assert "float32 only" in cuda_sgemm.supports(case)
     assert cuda_mma.supports(case) is None
+    assert "takes bf16/f16" in cuda_wgmma.supports(
+        registry.make_case("matmul", "f32", {"m": 8, "n": 8, "k": 8}))
+
+
+def test_wgmma_refuses_strides_tma_cannot_take(no_build):
+    """TMA needs 16-byte row strides: k and n multiples of 8, refused with the shape named."""
+    for m, n, k in [(8, 12, 8), (8, 8, 12), (33, 17, 65)]:
+        case = registry.make_case("matmul", "bf16", {"m": m, "n": n, "k": k})
+        assert f"multiples of 8 (16-byte row strides); got k={k}, n={n}" in \
+            cuda_wgmma.supports(case)
+        with pytest.raises(ValueError, match=f"a, b: cuda_wgmma needs k and n multiples of 8 .* "
+                                             f"got k={k}, n={n}"):
+            cuda_wgmma.matmul(torch.ones(m, k, dtype=torch.bfloat16),
+                              torch.ones(k, n, dtype=torch.bfloat16))
+
+
+@pytest.mark.skipif(GPU and torch.cuda.get_device_capability() == (9, 0),
+                    reason="checks the refusal on machines without a Hopper GPU")
+def test_wgmma_skips_without_hopper():
+    impl = registry.implementation("matmul", "cuda_wgmma")
+    assert impl.requires.min_compute_capability == (9, 0)
+    if GPU:  # another GPU: refused by supports(), naming what it needs
+        case = registry.make_case("matmul", "bf16", {"m": 64, "n": 64, "k": 64})
+        assert "needs a Hopper GPU (sm_90a" in cuda_wgmma.supports(case)
+    assert "sm_90a" in cuda_wgmma._capability_reason((10, 0))
+    assert cuda_wgmma._capability_reason((9, 0)) is None
 
 
 def test_configs_validate_their_fields():
@@ -125,6 +157,8 @@ def test_configs_validate_their_fields():
         row_sum_cuda.RowSumConfig(threads_per_row=32, vectors_per_thread=3)
     with pytest.raises(ValueError, match=r"block_n: expected one of \(128, 256\), got 64"):
         cuda_mma.MmaConfig(block_n=64)
+    with pytest.raises(ValueError, match=r"group_m: expected an int in \[1, 1024\], got 0"):
+        cuda_wgmma.WgmmaConfig(group_m=0)
 
 
 @pytest.mark.parametrize("width", [1, 4, 8])
@@ -290,6 +324,40 @@ def test_matmul_paths(dtype, config, m, n, k, misaligned):
     torch.cuda.synchronize()
     _check(op, case, (a, b), c, f"matmul {dtype} {m}x{n}x{k}")
 
+
+
+# Edges in m, n and k (TMA zero fill, guarded stores), several tiles per persistent CTA
+# (288 tiles of 128 x 256 > 132 SMs) with k-steps that wrap the 4-slot ring inside a tile.
+WGMMA_SHAPES = [(200, 136, 72), (1, 8, 16), (300, 264, 1000), (129, 520, 1032),
+                (4096, 2056, 328)]
+WGMMA_VERSIONS = [(dtype, cuda_wgmma.DEFAULT_CONFIG) for dtype in ("bf16", "f16")] + [
+    ("bf16", cuda_wgmma.WgmmaConfig(group_m=g)) for g in (1, 3)]
+needs_hopper = pytest.mark.skipif(not GPU or torch.cuda.get_device_capability() != (9, 0),
+                                  reason="cuda_wgmma needs a Hopper GPU (sm_90a)")
+
+
+@on_gpu
+@needs_hopper
+@pytest.mark.parametrize("m, n, k", WGMMA_SHAPES, ids=["x".join(map(str, s))
+                                                       for s in WGMMA_SHAPES])
+@pytest.mark.parametrize("dtype, config", WGMMA_VERSIONS,
+                         ids=[f"{d}-group{c.group_m}" for d, c in WGMMA_VERSIONS])
+def test_matmul_cuda_wgmma_shapes(dtype, config, m, n, k):
+    op, case, (a, b) = _inputs("matmul", dtype, {"m": m, "n": n, "k": k})
+    da, db = (frameworks.numpy_to_torch(v, "cuda") for v in (a, b))
+    with frameworks.poisoned_outputs():
+        c = cuda_wgmma.matmul(da, db, config=config)
+    torch.cuda.synchronize()
+    _check(op, case, (a, b), c, f"matmul cuda_wgmma {dtype} {m}x{n}x{k} {config}")
+
+
+@on_gpu
+@needs_hopper
+def test_matmul_cuda_wgmma_refuses_misaligned_data():
+    a = _offset_copy(torch.randn(16, 16, device="cuda").to(torch.bfloat16), 1)
+    b = torch.randn(16, 16, device="cuda").to(torch.bfloat16)
+    with pytest.raises(ValueError, match="a: cuda_wgmma needs data aligned to 16 bytes"):
+        cuda_wgmma.matmul(a, b)
 
 
 @on_gpu
