@@ -270,23 +270,7 @@ def _backward(q, k, v, o, lse, do, causal, config, interpret):
     return dq, dk, dv
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _attention(q, k, v, causal, config, interpret):
-    return _forward(q, k, v, causal, config, interpret)[0]
-
-
-def _attention_fwd(q, k, v, causal, config, interpret):
-    o, lse = _forward(q, k, v, causal, config, interpret)
-    return o, (q, k, v, o, lse)
-
-
-def _attention_bwd(causal, config, interpret, residuals, do):
-    q, k, v, o, lse = residuals
-    return _backward(q, k, v, o, lse, do, causal, config, interpret)
-
-
-_attention.defvjp(_attention_fwd, _attention_bwd)
-_attention_jit = jax.jit(_attention, static_argnums=(3, 4, 5))
+_attention_jit = spec.flash_attention_vjp(_forward, _backward)
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False,

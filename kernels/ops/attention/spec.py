@@ -8,8 +8,9 @@ top-left aligned lower triangle; with seq_q == seq_k it is also bottom-right).
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +32,29 @@ MAX_LOGIT = 256.0
 
 def scale_of(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)
+
+
+def flash_attention_vjp(forward: Callable, backward: Callable) -> Callable:
+    """attention(q, k, v, causal, config, interpret), jitted, with a custom VJP that saves
+    the output and the log-sum-exp of the forward for the backward (the flash schedule).
+
+    forward(q, k, v, causal, config, interpret) -> (o, lse);
+    backward(q, k, v, o, lse, do, causal, config, interpret) -> (dq, dk, dv).
+    """
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+    def attention(q, k, v, causal, config, interpret):
+        return forward(q, k, v, causal, config, interpret)[0]
+
+    def attention_fwd(q, k, v, causal, config, interpret):
+        o, lse = forward(q, k, v, causal, config, interpret)
+        return o, (q, k, v, o, lse)
+
+    def attention_bwd(causal, config, interpret, residuals, do):
+        return backward(*residuals, do, causal, config, interpret)
+
+    attention.defvjp(attention_fwd, attention_bwd)
+    return jax.jit(attention, static_argnums=(3, 4, 5))
 
 
 def _probabilities(q: jax.Array, k: jax.Array, causal: bool) -> jax.Array:
