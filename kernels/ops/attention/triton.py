@@ -223,9 +223,10 @@ def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, offs_n, offs_
             lse = tl.load(lse_ptr + queries)
             delta = tl.load(delta_ptr + queries)
         s_t = tl.dot(k, q_t, input_precision=DOT_PRECISION)
-        p_t = tl.math.exp2(s_t * qk_scale - lse[None, :])
-        if CAUSAL_MASK:
-            p_t = tl.where(queries[None, :] >= offs_n[:, None], p_t, 0.0)
+        logits_t = s_t * qk_scale - lse[None, :]
+        if CAUSAL_MASK:  # masked before exp2: a masked logit may be large enough to overflow
+            logits_t = tl.where(queries[None, :] >= offs_n[:, None], logits_t, float("-inf"))
+        p_t = tl.math.exp2(logits_t)
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
@@ -294,12 +295,13 @@ def _dq_inner(dq, q, do, lse, delta, k_ptrs, v_ptrs, offs_m, offs_n, start, end,
             k_t = tl.load(k_ptrs + start_n * stride_s)
             v_t = tl.load(v_ptrs + start_n * stride_s)
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION)
-        p = tl.math.exp2(s * qk_scale - lse[:, None])
-        if CAUSAL_MASK or BOUNDS:
+        logits = s * qk_scale - lse[:, None]
+        if CAUSAL_MASK or BOUNDS:  # masked before exp2, as in _dkdv_inner
             keep = keys[None, :] < seq
             if CAUSAL_MASK:
                 keep = keep & (keys[None, :] <= offs_m[:, None])
-            p = tl.where(keep, p, 0.0)
+            logits = tl.where(keep, logits, float("-inf"))
+        p = tl.math.exp2(logits)
         dp = tl.dot(do, v_t, input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k_t.dtype), tl.trans(k_t), dq, input_precision=DOT_PRECISION)
