@@ -114,8 +114,9 @@ cuda:
 # Time an operation and draw its roofline: traces/roofline_data_{MODEL}_{time}.json and
 # traces/roofline_{fwd,bwd}_{MODEL}_{time}.png. Cases: the operation's own (tags=gpu/cpu), or
 # built from dims="rows=4096 cols=1024,4096" or the attention flags, e.g.
-#   make roofline op=attention batch=4 heads=8 head-dim=64 seq-lengths=128,256,512,1024,2048,4096
-op ?= softmax
+#   make roofline batch=4 heads=8 head-dim=64 seq-lengths=128,256,512,1024,2048,4096
+# The attention flags imply op=attention; otherwise op defaults to softmax.
+op ?= $(if $(batch)$(heads)$(head-dim)$(seq-lengths),attention,softmax)
 roofline:
 	$(PY) -m kernels roofline $(op) $(if $(impl),--impl $(impl)) $(if $(tags),--tags $(tags)) \
 		$(if $(dtype),--dtype $(dtype)) $(if $(dims),--dims $(dims)) \
