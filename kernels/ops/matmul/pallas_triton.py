@@ -20,34 +20,14 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels import compat, registry, tuning, validation
+from kernels import compat, registry, tuning
 from kernels.ops.matmul import spec
 
 plt = compat.pallas_triton()
 IMPL = "pallas_triton"
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class MatmulConfig:
-    """Tile shape (powers of two, >= 16 for tl.dot), L2 grouping, warps and pipeline stages."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    group_m: int = 8
-    num_warps: int = 4
-    num_stages: int = 3
-
-    def __post_init__(self) -> None:
-        validation.check_powers_of_two(
-            self, ("block_m", "block_n", "block_k", "group_m", "num_warps"))
-        for name in ("block_m", "block_n", "block_k"):
-            if getattr(self, name) < 16:
-                raise ValueError(f"{name}: expected >= 16 (tl.dot's smallest tile), "
-                                 f"got {getattr(self, name)}")
-        if self.num_stages < 1:
-            raise ValueError(f"num_stages: expected >= 1, got {self.num_stages}")
-
+MatmulConfig = spec.TileConfig
 
 # Untuned GPUs: 128x128x64 tiles with 8 warps and 3 stages fit every sm_80+
 # shared memory (3 * (128*64 + 64*128) * 2 B = 96 KiB for 16-bit inputs).

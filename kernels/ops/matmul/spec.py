@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +12,30 @@ from kernels import checking, dtypes, registry, validation
 
 NAME = "matmul"
 SUPPORTED_DTYPES = ("f32", "bf16", "f16")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TileConfig:
+    """A tiled GEMM as the Triton compiler takes it (the Triton kernel and the Pallas-Triton
+    one): tile shape (powers of two, >= 16 for tl.dot), `group_m` tile rows per L2 group,
+    warps and software-pipeline stages."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        validation.check_powers_of_two(
+            self, ("block_m", "block_n", "block_k", "group_m", "num_warps"))
+        for name in ("block_m", "block_n", "block_k"):
+            if getattr(self, name) < 16:
+                raise ValueError(f"{name}: expected >= 16 (tl.dot's smallest tile), "
+                                 f"got {getattr(self, name)}")
+        if self.num_stages < 1:
+            raise ValueError(f"num_stages: expected >= 1, got {self.num_stages}")
 
 
 def reference(a: jax.Array, b: jax.Array) -> jax.Array:

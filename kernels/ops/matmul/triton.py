@@ -16,40 +16,25 @@ in TF32, which the operation's float32 tolerance allows for.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels import compat, frameworks, registry, validation
+from kernels import compat, frameworks, registry
 from kernels.ops.matmul import spec
 
 compat.patch_triton_interpreter()
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class MatmulConfig:
-    """One point of the autotuning space: tile shape, group size, warps and pipeline depth."""
+MatmulConfig = spec.TileConfig
 
-    block_m: int
-    block_n: int
-    block_k: int
-    group_m: int = 8
-    num_warps: int = 8
-    num_stages: int = 3
 
-    def __post_init__(self) -> None:
-        validation.check_powers_of_two(
-            self, ("block_m", "block_n", "block_k", "group_m", "num_warps"))
-        if self.num_stages < 1:
-            raise ValueError(f"num_stages: expected >= 1, got {self.num_stages}")
-
-    def to_triton(self) -> triton.Config:
-        return triton.Config({"BLOCK_M": self.block_m, "BLOCK_N": self.block_n,
-                              "BLOCK_K": self.block_k, "GROUP_M": self.group_m},
-                             num_warps=self.num_warps, num_stages=self.num_stages)
+def _to_triton(config: MatmulConfig) -> triton.Config:
+    return triton.Config({"BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
+                          "BLOCK_K": config.block_k, "GROUP_M": config.group_m},
+                         num_warps=config.num_warps, num_stages=config.num_stages)
 
 
 # Hopper-sized tiles (wgmma wants 64-row multiples per warp group; 128 x 256 x 64 with 3
@@ -70,7 +55,7 @@ INTERPRETER_CONFIGS = (MatmulConfig(block_m=64, block_n=64, block_k=32, group_m=
 
 def _configs() -> list[triton.Config]:
     interpreting = os.environ.get("TRITON_INTERPRET", "") == "1"
-    return [c.to_triton() for c in (INTERPRETER_CONFIGS if interpreting else GPU_CONFIGS)]
+    return [_to_triton(c) for c in (INTERPRETER_CONFIGS if interpreting else GPU_CONFIGS)]
 
 
 # Shared memory a config may fill with its pipelined A and B tiles (H100: 227 KiB a block).
