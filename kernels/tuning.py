@@ -94,6 +94,31 @@ class Tunable:
     case_id: str
 
 
+def sweep(op: str, impl: str, candidates: Sequence[Any], case_id: str) -> Tunable:
+    """The usual Tunable: `impl`'s registered function called with `config=` each candidate,
+    on the operation's own case `case_id`, its inputs made once and placed as the tests and
+    benchmarks make them (kernels.timing.prepare)."""
+    import functools
+
+    from kernels import checking, registry, timing
+
+    implementation = registry.implementation(op, impl)
+    operation = registry.operation(op)
+    cases = {case.id: case for case in operation.cases}
+    if case_id not in cases:
+        raise ValueError(f"case_id: expected one of {op}'s cases {sorted(cases)}, got {case_id!r}")
+    case = cases[case_id]
+    inputs = functools.cache(lambda: checking.make_inputs(operation, case, 0, "normal"))
+
+    def make_runner(config):
+        configured = dataclasses.replace(
+            implementation, fn=functools.partial(implementation.fn, config=config))
+        timeable = timing.prepare(configured, case, inputs=inputs())
+        return functools.partial(timeable.fn, *timeable.args)
+
+    return Tunable(op, impl, candidates, make_runner, case_id)
+
+
 @dataclasses.dataclass(frozen=True)
 class Trial:
     config: Any

@@ -271,26 +271,16 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicMatmulConfig | None = No
     return _matmul_jit(a, b, config, interpret)
 
 
-def _tunable(size: int = 8192) -> tuning.Tunable:
-    a = jax.random.normal(jax.random.key(0), (size, size), jnp.bfloat16)
-    b = jax.random.normal(jax.random.key(1), (size, size), jnp.bfloat16)
-    candidates = [
-        MosaicMatmulConfig(tile_m=tm, tile_n=tn, tile_k=64, max_concurrent_steps=s,
-                           grid_tile_width=w, wg_dimension=d)
-        for tm, tn, s, w, d in [
-            (128, 128, 4, 8, "n"), (128, 128, 4, 16, "n"), (128, 128, 4, 8, "m"),
-            (128, 128, 3, 8, "n"), (64, 256, 4, 8, "m"), (128, 128, 4, 4, "n"),
-        ]
-    ]
-
-    def make_runner(config):
-        return lambda: _matmul_jit(a, b, config, False)
-
-    return tuning.Tunable(spec.NAME, IMPL, candidates, make_runner,
-                          case_id=f"bf16-{size}x{size}x{size}")
-
-
-tuning.register_tunable(spec.NAME, IMPL, _tunable)
+# The grid `python -m kernels tune matmul` times on the operation's bf16 8192^3 case.
+TUNING_CANDIDATES = tuple(
+    MosaicMatmulConfig(tile_m=tm, tile_n=tn, tile_k=64, max_concurrent_steps=s,
+                       grid_tile_width=w, wg_dimension=d)
+    for tm, tn, s, w, d in [
+        (128, 128, 4, 8, "n"), (128, 128, 4, 16, "n"), (128, 128, 4, 8, "m"),
+        (128, 128, 3, 8, "n"), (64, 256, 4, 8, "m"), (128, 128, 4, 4, "n"),
+    ])
+tuning.register_tunable(spec.NAME, IMPL, functools.partial(
+    tuning.sweep, spec.NAME, IMPL, TUNING_CANDIDATES, "bf16-8192x8192x8192"))
 
 registry.register_implementation(registry.Implementation(
     op=spec.NAME,

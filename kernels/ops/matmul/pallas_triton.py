@@ -157,26 +157,16 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MatmulConfig | None = None,
     return _matmul_jit(a, b, config, interpret)
 
 
-def _tunable(dtype=jnp.bfloat16, size: int = 8192) -> tuning.Tunable:
-    a = jax.random.normal(jax.random.key(0), (size, size), dtype)
-    b = jax.random.normal(jax.random.key(1), (size, size), dtype)
-    candidates = [
-        MatmulConfig(block_m=bm, block_n=bn, block_k=bk, group_m=8, num_warps=w, num_stages=s)
-        for bm, bn, bk, w, s in [
-            (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3),
-            (256, 128, 64, 8, 3), (128, 256, 32, 8, 4), (64, 256, 64, 4, 4),
-            (128, 128, 32, 4, 5), (256, 128, 32, 8, 4),
-        ]
-    ]
-
-    def make_runner(config):
-        return lambda: _matmul_jit(a, b, config, False)
-
-    return tuning.Tunable(spec.NAME, IMPL, candidates, make_runner,
-                          case_id=f"{jnp.dtype(dtype).name}-{size}x{size}x{size}")
-
-
-tuning.register_tunable(spec.NAME, IMPL, _tunable)
+# The grid `python -m kernels tune matmul` times on the operation's bf16 8192^3 case.
+TUNING_CANDIDATES = tuple(
+    MatmulConfig(block_m=bm, block_n=bn, block_k=bk, group_m=8, num_warps=w, num_stages=s)
+    for bm, bn, bk, w, s in [
+        (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3),
+        (256, 128, 64, 8, 3), (128, 256, 32, 8, 4), (64, 256, 64, 4, 4),
+        (128, 128, 32, 4, 5), (256, 128, 32, 8, 4),
+    ])
+tuning.register_tunable(spec.NAME, IMPL, functools.partial(
+    tuning.sweep, spec.NAME, IMPL, TUNING_CANDIDATES, "bf16-8192x8192x8192"))
 
 registry.register_implementation(registry.Implementation(
     op=spec.NAME,
