@@ -7,8 +7,9 @@ samples until the noise settles), work from the operation's own model
 same run: softmax and row_sum at >= 0.9x the device-to-device copy bandwidth
 (bytes read + written, 1 GiB copy); the tensor-core GEMMs at >= 0.7x cuBLAS
 (torch.matmul) in its dtype; the SGEMM at >= 0.6x cuBLAS float32 with TF32
-off. A stopgap until the suite's timing command covers torch-framework
-kernels; it times only torch-callable code (JAX runs on its own stream).
+off. `python -m kernels time OP` times the same kernels with roofline
+columns; this command adds the goals and the ratio to the copy. It times only
+torch-callable code (JAX runs on its own stream).
 """
 
 from __future__ import annotations
