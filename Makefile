@@ -75,10 +75,12 @@ list:
 	$(PY) -m kernels list
 
 # asv on HEAD; results go to .asv/results/<device model>/.
+# asv publish, then the dashboard's CDN scripts made local (kernels/dashboard.py).
+PUBLISH = $(PY) -m asv publish && $(PY) -m kernels.dashboard --localize .asv/html
+
 bench:
 	$(PY) -m kernels bench
-	$(PY) -m asv publish
-	$(PY) -m kernels.dashboard --localize .asv/html
+	$(PUBLISH)
 
 # asv on $(BASE) and HEAD, then a verdict per row; exits 1 if HEAD is slower.
 bench-compare:
@@ -91,8 +93,7 @@ noise-floor:
 
 # The local copies of asv's CDN scripts (make dashboard-deps), so the page works offline too.
 dashboard:
-	$(PY) -m asv publish
-	$(PY) -m kernels.dashboard --localize .asv/html
+	$(PUBLISH)
 	$(PY) -m asv preview
 
 # A PNG of one benchmark's dashboard graph, published from RESULTS and drawn by headless
