@@ -1,7 +1,9 @@
 """Block-size tuning: time a grid of config dataclasses on this GPU, keep the best per GPU model.
 
-Each tunable implementation declares a `Tunable` (its config class, the grid
-of candidates, a representative case, and how to run one config). `tune()`
+Each tunable implementation registers a `Tunable`: usually `sweep(op, impl,
+candidates, case_id)`, which runs the registered function with `config=` on
+one of the operation's own cases, or a hand-made one (the grid of candidates,
+a case id, and how to run one config). `tune()`
 times every candidate with the injected timer, drops those that fail to
 compile or run (shared memory overflow, unsupported layouts), and records the
 fastest in `kernels/ops/<op>/tuned.json` under the normalised GPU model name
