@@ -29,8 +29,6 @@ def on_gpu(test):
         test = mark(test)
     return test
 
-TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
-
 # (function, valid CPU arguments): the first argument is named x or a.
 CALLS = {
     "softmax-cuda": (softmax_cuda.softmax, lambda: (torch.randn(4, 8),), "x"),

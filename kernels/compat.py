@@ -15,11 +15,6 @@ from collections.abc import Callable, Iterator
 
 import jax
 
-JAX_VERSION = tuple(int(part) for part in jax.__version__.split(".")[:3])
-
-# The message jax >= 0.11 emits when a kernel is lowered through Pallas-Triton.
-PALLAS_TRITON_DEPRECATION = "The Pallas Triton backend is deprecated"
-
 
 @functools.cache
 def on_gpu() -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -181,15 +181,6 @@ def make_case(dtype: str, batch: int, seq: int, heads: int, head_dim: int, causa
     return registry.make_case(NAME, dtype, {"batch": batch, "seq": seq, "heads": heads,
                                             "head_dim": head_dim},
                               params={"causal": causal}, tags=tags)
-
-
-def make_cases(batch: int, heads: int, head_dim: int, seq_lengths: Sequence[int],
-               dtype: str = "bf16", causal: Iterable[bool] = (False, True),
-               tags: Iterable[str] = ("gpu",)) -> list[registry.Case]:
-    """Cases over sequence lengths at fixed batch, heads and head_dim (for
-    `make roofline batch=4 heads=8 head-dim=64 seq-lengths=128,...,4096`)."""
-    return [make_case(dtype, batch, seq, heads, head_dim, c, *tags)
-            for c in causal for seq in seq_lengths]
 
 
 def _cases() -> tuple[registry.Case, ...]:
