@@ -12,13 +12,8 @@ the reason, and the rest run interpreted.
 from __future__ import annotations
 
 import dataclasses
-import os
 
-# Each xdist worker is a JAX process, and torch shares the GPU with JAX in these tests:
-# allocate on demand instead of JAX's default of 75% of the GPU per process.
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-
-from kernels import environment  # noqa: E402
+from kernels import environment
 
 environment.configure()
 

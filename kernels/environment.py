@@ -1,8 +1,9 @@
 """Process-wide settings that must be made before JAX or Triton is imported.
 
-Call `configure()` first thing (conftest.py and the CLI do). It decides, without
-importing any framework, whether this machine has an NVIDIA GPU, and if not:
-Triton runs in its interpreter and JAX exposes 8 host devices for sharding.
+Call `configure()` first thing (conftest.py, the CLI and the asv benchmarks do).
+It decides, without importing any framework, whether this machine has an NVIDIA
+GPU, and if not: Triton runs in its interpreter and JAX exposes 8 host devices
+for sharding. Everywhere, JAX allocates GPU memory on demand.
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ def nvidia_gpu_present() -> bool:
 
 
 def configure() -> None:
-    """Set TRITON_INTERPRET and XLA_FLAGS for this machine; idempotent."""
+    """Set TRITON_INTERPRET, XLA_FLAGS and JAX's allocation mode for this machine; idempotent."""
+    # torch shares the GPU with JAX throughout the suite (baselines, Triton and CUDA kernels),
+    # and every xdist worker is a JAX process: JAX's default, 75% of the GPU reserved per
+    # process, would starve them. A value the user set is kept.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     if not nvidia_gpu_present():
         # Read by triton at import time: it must be set before anything imports triton.
         os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -15,7 +15,6 @@ import argparse
 import dataclasses
 import itertools
 import math
-import os
 import pathlib
 import statistics
 import sys
@@ -200,7 +199,6 @@ def cmd_time(args: argparse.Namespace) -> int:
     from kernels.cli import table
     from kernels.roofline import model, report
 
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the GPU
     op, impls, cases = select(args)
     device, sheet, measured = _ceilings()
     print(f"device: {device.describe()}")
@@ -235,7 +233,6 @@ def cmd_time(args: argparse.Namespace) -> int:
 def cmd_roofline(args: argparse.Namespace) -> int:
     from kernels.roofline import report
 
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     op, impls, cases = select(args)
     device, sheet, measured = _ceilings()
     print(f"device: {device.describe()}")
@@ -321,7 +318,6 @@ def cmd_verify_timing(args: argparse.Namespace) -> int:
         print("verify-timing: skipped: needs a CUDA GPU (it compares CUPTI kernel time with "
               "an independent XLA profiler trace)")
         return 0
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     use_ncu = not args.no_ncu and shutil.which("ncu") is not None
     lines, ok = [], True
     for op_name, impl_name, case_id in VERIFY_CASES:

@@ -77,10 +77,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def cmd_memory(args: argparse.Namespace) -> int:
     """Compiled peak (XLA's memory analysis) and, on GPU, the live high-water mark."""
-    import os
-
-    # Rows are measured in child processes: this one should not reserve the device.
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     from kernels import devices, memory, registry
     from kernels.cli import table
 

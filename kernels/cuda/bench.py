@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -118,9 +117,6 @@ def bench_op(op_name: str, copy_rate: float) -> list[Row]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     environment.configure()
-    # The registry imports JAX; should anything start its GPU client, keep it from taking 75% of
-    # the memory the torch-side kernels are timed in.
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     parser = argparse.ArgumentParser(prog="python -m kernels.cuda.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ops", nargs="+", default=["softmax", "row_sum", "matmul"])
