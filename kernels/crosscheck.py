@@ -73,7 +73,7 @@ def xla_cost(check: CostCheck) -> tuple[dict[str, float], Any]:
 
     op = registry.operation(check.op)
     impl = registry.implementation(check.op, check.impl)
-    case = next(c for c in op.cases if c.id == check.case)
+    case = op.case(check.case)
     if check.direction == "fwd":
         args = impl.place(case, frameworks.framework("jax").from_numpy(
             checking.make_inputs(op, case, 0, "normal")))
@@ -265,7 +265,7 @@ def dram_bytes_check(op: str, impl: str, case: str) -> str:
 
     _require_ncu()
     operation = registry.operation(op)
-    work = operation.work(case_by_id(op, case), "fwd")
+    work = operation.work(operation.case(case), "fwd")
     result = subprocess.run(ncu_dram_command(op, impl, case), capture_output=True, text=True,
                             env=_child_env(), check=True)
     totals = parse_ncu_csv(result.stdout)
@@ -276,21 +276,10 @@ def dram_bytes_check(op: str, impl: str, case: str) -> str:
             f"({dram / work.bytes:.3f}x) {verdict}")
 
 
-def case_by_id(op: str, case_id: str):
-    from kernels import registry
-
-    operation = registry.operation(op)
-    try:
-        return next(c for c in operation.cases if c.id == case_id)
-    except StopIteration:
-        raise ValueError(f"case: {op} has no case {case_id!r}; it has "
-                         f"{[c.id for c in operation.cases]}") from None
-
-
 def _timeable(op: str, impl: str, case: str):
     from kernels import registry, timing
 
-    return timing.prepare(registry.implementation(op, impl), case_by_id(op, case))
+    return timing.prepare(registry.implementation(op, impl), registry.operation(op).case(case))
 
 
 def _run_calls(op: str, impl: str, case: str, calls: int) -> None:

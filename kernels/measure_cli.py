@@ -334,7 +334,7 @@ def cmd_verify_timing(args: argparse.Namespace) -> int:
             print(f"  {op_name}-{impl_name} {case_id}: {name} {independent[name]}",
                   file=sys.stderr, flush=True)
         impl = registry.implementation(op_name, impl_name)
-        timeable = timing.prepare(impl, crosscheck.case_by_id(op_name, case_id))
+        timeable = timing.prepare(impl, registry.operation(op_name).case(case_id))
         runs = [timing.time_timeable(timeable) for _ in range(args.repeats)]
         medians = [m.median_s for m in runs]
         timer = statistics.median(medians)

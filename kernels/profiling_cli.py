@@ -10,10 +10,10 @@ from typing import Any
 
 
 def _case(op, case_id: str):
-    for case in op.cases:
-        if case.id == case_id:
-            return case
-    raise SystemExit(f"--case: expected one of {[c.id for c in op.cases]}, got {case_id!r}")
+    try:
+        return op.case(case_id)
+    except ValueError as error:
+        raise SystemExit(f"--{error}") from None
 
 
 def _impls(op_name: str, names: list[str] | None, jax_only: bool = True) -> list:

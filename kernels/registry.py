@@ -145,6 +145,13 @@ class Operation:
     def cases_tagged(self, tag: str) -> tuple[Case, ...]:
         return tuple(case for case in self.cases if tag in case.tags)
 
+    def case(self, case_id: str) -> Case:
+        """The declared case with this id; ValueError naming the ids there are."""
+        for case in self.cases:
+            if case.id == case_id:
+                return case
+        raise ValueError(f"case: expected one of {[c.id for c in self.cases]}, got {case_id!r}")
+
 
 @dataclasses.dataclass(frozen=True)
 class Requirements:

@@ -106,10 +106,7 @@ def sweep(op: str, impl: str, candidates: Sequence[Any], case_id: str) -> Tunabl
 
     implementation = registry.implementation(op, impl)
     operation = registry.operation(op)
-    cases = {case.id: case for case in operation.cases}
-    if case_id not in cases:
-        raise ValueError(f"case_id: expected one of {op}'s cases {sorted(cases)}, got {case_id!r}")
-    case = cases[case_id]
+    case = operation.case(case_id)
     inputs = functools.cache(lambda: checking.make_inputs(operation, case, 0, "normal"))
 
     def make_runner(config):

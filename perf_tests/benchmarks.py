@@ -85,7 +85,7 @@ def _resolve(op_name: str, impl_name: str, case_id: str, direction: str):
     cannot run here."""
     op = registry.operation(op_name)
     impl = registry.implementation(op_name, impl_name)
-    case = next(c for c in op.cases if c.id == case_id)
+    case = op.case(case_id)
     reason = devices.case_unavailable_reason(impl, case)
     if reason is None and direction == "bwd" and not (op.differentiable and impl.differentiable):
         reason = "no backward"
