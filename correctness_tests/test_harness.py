@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import checking, frameworks, registry
+from kernels import checking, devices, frameworks, registry
 
 SOFTMAX_CASE = registry.make_case("softmax", "f32", {"rows": 6, "cols": 300}, tags=["cpu"])
 
@@ -124,3 +124,40 @@ def test_inputs_are_random_and_never_zero():
     assert not np.array_equal(a, b)
     assert np.count_nonzero(a) == a.size
     assert np.abs(large).max() > 40 * np.abs(a).max() / 2
+
+
+def _torch_sees_gpu() -> bool:
+    torch = pytest.importorskip("torch")
+    return torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_jax_to_torch_shares_the_buffer(dtype):
+    """DLPack hands torch JAX's own buffer (no copy), bf16 included."""
+    pytest.importorskip("torch")
+    from kernels import dtypes
+
+    array = jax.device_put(np.arange(1, 13, dtype=dtypes.to_numpy(dtype)).reshape(3, 4))
+    tensor = frameworks.jax_to_torch(array)
+    assert tensor.data_ptr() == array.unsafe_buffer_pointer()
+    np.testing.assert_array_equal(frameworks.torch_to_numpy(tensor), np.asarray(array))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not devices.this_machine().has_gpu, reason="needs a CUDA GPU (JAX and torch)")
+def test_torch_inputs_on_gpu_come_zero_copy_from_jax(monkeypatch):
+    """On a GPU the harness places torch inputs through JAX and DLPack, not a host copy."""
+    assert _torch_sees_gpu()
+    exported = []
+
+    def recording(array):
+        exported.append(array)
+        return original(array)
+
+    original = frameworks.jax_to_torch
+    monkeypatch.setattr(frameworks, "jax_to_torch", recording)
+    inputs = (np.random.default_rng(0).standard_normal((37, 130)).astype(np.float32),)
+    (tensor,) = frameworks.framework("torch").from_numpy(inputs)
+    assert tensor.is_cuda and len(exported) == 1
+    assert tensor.data_ptr() == exported[0].unsafe_buffer_pointer()
+    np.testing.assert_array_equal(frameworks.torch_to_numpy(tensor), inputs[0])

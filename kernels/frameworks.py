@@ -3,8 +3,11 @@
 The harness makes inputs as numpy arrays and compares numpy results, so one
 comparison serves every framework. Each adapter places inputs on the
 framework's default device, brings results back, takes a vector-Jacobian
-product, and waits for the device. torch tensors come through NumPy (on CPU,
-and for first placement on GPU); see `jax_to_torch` for the zero-copy path.
+product, and waits for the device. On a GPU, torch inputs are placed once by
+JAX and handed to torch zero-copy through DLPack (`jax_to_torch`), so a Triton
+or CUDA kernel reads the very device buffers a JAX implementation would; JAX
+makes torch's stream wait until the buffer is ready. On CPU they come through
+NumPy (the Triton interpreter wants plain CPU tensors).
 
 Kernels that allocate their own output (Triton, CUDA) call `torch_empty`, which
 fills the buffer with NaN while `poisoned_outputs()` is active, so an element
@@ -74,7 +77,12 @@ class TorchFramework:
         return "cuda" if torch.cuda.is_available() else "cpu"
 
     def from_numpy(self, arrays: Sequence[np.ndarray]) -> tuple[Any, ...]:
-        return tuple(numpy_to_torch(a, self.device()) for a in arrays)
+        device = self.device()
+        if device == "cuda" and _jax_on_gpu():
+            import jax
+
+            return tuple(jax_to_torch(jax.device_put(a)) for a in arrays)
+        return tuple(numpy_to_torch(a, device) for a in arrays)
 
     def to_numpy(self, value: Any) -> np.ndarray:
         return torch_to_numpy(value)
@@ -126,8 +134,14 @@ def torch_to_numpy(tensor: Any) -> np.ndarray:
     return tensor.numpy()
 
 
+def _jax_on_gpu() -> bool:
+    from kernels import compat
+
+    return compat.on_gpu()
+
+
 def jax_to_torch(array: Any) -> Any:
-    """Zero-copy view of a JAX array as a torch tensor (DLPack); same device."""
+    """Zero-copy view of a JAX array as a torch tensor (DLPack); same device, same bytes."""
     import torch
 
     return torch.from_dlpack(array)
