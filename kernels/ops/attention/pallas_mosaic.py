@@ -23,10 +23,10 @@ dQ += dS K.
 
 Sequence lengths are zero-padded in the wrapper to a multiple of every block
 (one copy of q, k, v, dO, only when seq is not a multiple; the results are
-sliced). The forward masks padded keys (-inf) in the last key block, so they
-never enter the softmax; in the backward they need no mask: a zero key
-row and value row contribute nothing to dQ, and padded query rows (zero dO,
-zero delta) contribute nothing to dK and dV. Under the causal mask, key blocks
+sliced). The forward and the dQ kernel mask padded keys in the last key block
+(the dQ kernel must: exp2(-lse) can overflow there, and inf times a zero key
+row is NaN); padded query rows (zero dO, zero delta, finite lse) contribute
+nothing to dK and dV and need no mask. Under the causal mask, key blocks
 wholly above the diagonal are never loaded and only blocks crossing it are
 masked; causal CTAs are launched longest first.
 
@@ -414,10 +414,9 @@ def attention_backward_kernel_dq(
     c = LOG2E * scale
     batch, head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
     cta_q = _row_block("q_blocks", seq_pad // (COMPUTE_WGS * bq), causal) * (COMPUTE_WGS * bq)
+    # Padded keys are masked as in the forward: their P = exp2(-lse) overflows to inf when
+    # every real logit of a row is very negative, and inf * 0 (zero key row) is NaN in dQ.
     steps, unmasked = _key_steps(cta_q, COMPUTE_WGS * bq, bk, seq, causal)
-    if not causal:
-        # Padded keys need no mask here: a zero key and value row add nothing to dQ.
-        unmasked = steps
 
     @pl.when(wg < COMPUTE_WGS)
     def _consumer():
@@ -467,7 +466,7 @@ def attention_backward_kernel_dq(
 
         dq = plgpu.layout_cast(jnp.full((bq, head_dim), 0.0, jnp.float32), plgpu.Layout.WGMMA)
         dq = lax.fori_loop(0, _int(unmasked), functools.partial(step, masked=False), dq)
-        if causal:
+        if causal or seq % bk:
             dq = lax.fori_loop(_int(unmasked), _int(steps), functools.partial(step, masked=True),
                                dq)
         q_wg[...] = (dq * scale).astype(dtype)  # Q is no longer read: its buffer stages dQ
