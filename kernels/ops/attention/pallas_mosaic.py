@@ -46,7 +46,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels import compat, registry, validation
+from kernels import compat, registry, tuning, validation
 from kernels.ops.attention import spec
 
 IMPL = "pallas_mosaic"
@@ -102,12 +102,15 @@ class MosaicAttentionConfig:
 # Measured on an H100 (bf16, batch 4, heads 16, seq 4096, head_dim 128, non-causal, CUPTI,
 # cold L2), cuDNN in the same run: forward 0.958 ms = 574 TFLOP/s (cuDNN 0.812 ms, 677), so
 # 0.848x; backward 3.39 ms = 405 TFLOP/s counted as 2.5x the forward (cuDNN 2.68 ms, 512),
-# 0.79x. No other configuration was timed.
+# 0.79x. `python -m kernels tune attention --impl pallas_mosaic` times the forward grid below
+# and records the best per GPU model in tuned.json; on the H100 (2026-11-24) the default stayed
+# best: 0.977 ms, against block_kv 64 with 2/3/4 stages 1.124/1.152/1.299 ms; block_kv 128
+# with 3 stages does not fit in shared memory.
 GPU_DEFAULT = MosaicAttentionConfig()
 
 
 def default_config() -> MosaicAttentionConfig:
-    return GPU_DEFAULT
+    return tuning.tuned_config(spec.NAME, IMPL, MosaicAttentionConfig) or GPU_DEFAULT
 
 
 def _smem_layout():
@@ -639,6 +642,14 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False,
     config = config or default_config()
     return _attention_jit(q, k, v, bool(causal), config, interpret)
 
+
+# Forward key block and pipeline depth (shared memory at head_dim 128: Q 32 KiB plus 64 KiB
+# of K and V per stage at block_kv 128, 32 KiB at 64), timed on the bf16 case.
+TUNING_CANDIDATES = tuple(
+    dataclasses.replace(GPU_DEFAULT, block_kv=block_kv, max_concurrent_steps=steps)
+    for block_kv, steps in [(128, 2), (128, 3), (64, 2), (64, 3), (64, 4)])
+tuning.register_tunable(spec.NAME, IMPL, functools.partial(
+    tuning.sweep, spec.NAME, IMPL, TUNING_CANDIDATES, "bf16-4x4096x16x128"))
 
 registry.register_implementation(registry.Implementation(
     op=spec.NAME,
