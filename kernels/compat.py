@@ -175,6 +175,18 @@ def pallas_mosaic_gpu():
     return plgpu
 
 
+def mosaic_gpu_load(ref, *, layout):
+    """`plgpu.load` of a whole (already indexed) ref: jax 0.10.2 requires the index argument,
+    jax 0.11 deprecates passing it apart from the ref."""
+    import inspect
+
+    plgpu = pallas_mosaic_gpu()
+    index = inspect.signature(plgpu.load).parameters["idx"]
+    if index.default is inspect.Parameter.empty:
+        return plgpu.load(ref, (), layout=layout)
+    return plgpu.load(ref, layout=layout)
+
+
 MOSAIC_GPU_INTERPRET_MISSING = (
     "needs a Hopper GPU: this jax has no Mosaic GPU interpreter (InterpretGPUParams) to run "
     "Mosaic GPU kernels on CPU")

@@ -234,7 +234,7 @@ def attention_forward_kernel(
             plgpu.barrier_wait(k_ready.at[slot])
 
             def qk(s_ref):
-                plgpu.wgmma(s_ref, q_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
+                plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].T)
                 schedule_sync()  # the other warpgroup's softmax runs under this matmul
                 return s_ref[...]
 
@@ -336,12 +336,12 @@ def attention_backward_kernel_dkv(
             plgpu.barrier_wait(q_ready.at[slot])
 
             def s_t(acc_ref):
-                plgpu.wgmma(acc_ref, k_wg, plgpu.transpose_ref(q_blk, (1, 0)))
+                plgpu.wgmma(acc_ref, k_wg, q_blk.T)
                 return acc_ref[...]
 
             st = pl.run_scoped(s_t, plgpu.ACC((bk, bq), jnp.float32))
             plgpu.barrier_wait(lse_ready.at[slot])
-            lse = plgpu.load(lse_ring.at[slot], (), layout=col_layout)
+            lse = compat.mosaic_gpu_load(lse_ring.at[slot], layout=col_layout)
             pt = jnp.exp2(st * c - lax.broadcast_in_dim(lse, st.shape, [1]))
             if masked:
                 pt = jnp.where(_mask((bk, bq), k_start, i * bq, seq, causal, transposed=True),
@@ -351,12 +351,12 @@ def attention_backward_kernel_dkv(
             def dv_dpt(refs):
                 dv_ref, dpt_ref = refs
                 plgpu.wgmma(dv_ref, pt.astype(dtype), do_blk)
-                plgpu.wgmma(dpt_ref, v_wg, plgpu.transpose_ref(do_blk, (1, 0)))
+                plgpu.wgmma(dpt_ref, v_wg, do_blk.T)
 
             zeros = plgpu.layout_cast(jnp.full((bk, bq), 0.0, jnp.float32), plgpu.Layout.WGMMA)
             dv, dpt = pl.run_state(dv_dpt)((plgpu.ACC.init(dv), plgpu.ACC.init(zeros)))
             plgpu.barrier_wait(delta_ready.at[slot])
-            delta = plgpu.load(delta_ring.at[slot], (), layout=col_layout)
+            delta = compat.mosaic_gpu_load(delta_ring.at[slot], layout=col_layout)
             dst = pt * (dpt - lax.broadcast_in_dim(delta, dpt.shape, [1]))
 
             def dk_update(dk_ref):
@@ -435,8 +435,8 @@ def attention_backward_kernel_dq(
         for j in range(len(loads)):
             plgpu.barrier_wait(row_ready.at[j * COMPUTE_WGS + wg])
         row_layout = plgpu.Layout.WGMMA.reduce(1)
-        lse = plgpu.load(lse_smem.at[wg], (), layout=row_layout)
-        delta = plgpu.load(delta_smem.at[wg], (), layout=row_layout)
+        lse = compat.mosaic_gpu_load(lse_smem.at[wg], layout=row_layout)
+        delta = compat.mosaic_gpu_load(delta_smem.at[wg], layout=row_layout)
 
         def step(i, dq, masked: bool):
             slot = lax.rem(i, jnp.int32(stages))
@@ -444,7 +444,7 @@ def attention_backward_kernel_dq(
             plgpu.barrier_wait(k_ready.at[slot])
 
             def qk(acc_ref):
-                plgpu.wgmma(acc_ref, q_wg, plgpu.transpose_ref(k_blk, (1, 0)))
+                plgpu.wgmma(acc_ref, q_wg, k_blk.T)
                 return acc_ref[...]
 
             s = pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32))
@@ -454,7 +454,7 @@ def attention_backward_kernel_dq(
             plgpu.barrier_wait(v_ready.at[slot])
 
             def dov(acc_ref):
-                plgpu.wgmma(acc_ref, do_wg, plgpu.transpose_ref(v_blk, (1, 0)))
+                plgpu.wgmma(acc_ref, do_wg, v_blk.T)
                 return acc_ref[...]
 
             dp = pl.run_scoped(dov, plgpu.ACC((bq, bk), jnp.float32))
