@@ -126,11 +126,6 @@ def test_inputs_are_random_and_never_zero():
     assert np.abs(large).max() > 40 * np.abs(a).max() / 2
 
 
-def _torch_sees_gpu() -> bool:
-    torch = pytest.importorskip("torch")
-    return torch.cuda.is_available()
-
-
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_jax_to_torch_shares_the_buffer(dtype):
     """DLPack hands torch JAX's own buffer (no copy), bf16 included."""
@@ -147,7 +142,8 @@ def test_jax_to_torch_shares_the_buffer(dtype):
 @pytest.mark.skipif(not devices.this_machine().has_gpu, reason="needs a CUDA GPU (JAX and torch)")
 def test_torch_inputs_on_gpu_come_zero_copy_from_jax(monkeypatch):
     """On a GPU the harness places torch inputs through JAX and DLPack, not a host copy."""
-    assert _torch_sees_gpu()
+    torch = pytest.importorskip("torch")
+    assert torch.cuda.is_available()
     exported = []
 
     def recording(array):

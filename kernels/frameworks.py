@@ -78,10 +78,13 @@ class TorchFramework:
 
     def from_numpy(self, arrays: Sequence[np.ndarray]) -> tuple[Any, ...]:
         device = self.device()
-        if device == "cuda" and _jax_on_gpu():
+        if device == "cuda":
             import jax
 
-            return tuple(jax_to_torch(jax.device_put(a)) for a in arrays)
+            from kernels import compat
+
+            if compat.on_gpu():
+                return tuple(jax_to_torch(jax.device_put(a)) for a in arrays)
         return tuple(numpy_to_torch(a, device) for a in arrays)
 
     def to_numpy(self, value: Any) -> np.ndarray:
@@ -132,12 +135,6 @@ def torch_to_numpy(tensor: Any) -> np.ndarray:
     if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.uint16).numpy().view(dtypes.to_numpy("bf16"))
     return tensor.numpy()
-
-
-def _jax_on_gpu() -> bool:
-    from kernels import compat
-
-    return compat.on_gpu()
 
 
 def jax_to_torch(array: Any) -> Any:
