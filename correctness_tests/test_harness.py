@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import checking, devices, frameworks, registry
+from kernels import checking, devices, dtypes, frameworks, registry
 
 SOFTMAX_CASE = registry.make_case("softmax", "f32", {"rows": 6, "cols": 300}, tags=["cpu"])
 
@@ -130,8 +130,6 @@ def test_inputs_are_random_and_never_zero():
 def test_jax_to_torch_shares_the_buffer(dtype):
     """DLPack hands torch JAX's own buffer (no copy), bf16 included."""
     pytest.importorskip("torch")
-    from kernels import dtypes
-
     array = jax.device_put(np.arange(1, 13, dtype=dtypes.to_numpy(dtype)).reshape(3, 4))
     tensor = frameworks.jax_to_torch(array)
     assert tensor.data_ptr() == array.unsafe_buffer_pointer()

@@ -4,7 +4,8 @@ Supported: jax 0.10.2 (CPU machines, Python 3.11) and jax 0.11.2 (the GPU
 machine, Python 3.12). The Pallas Triton-lowering API we use
 (`jax.experimental.pallas.triton`: load, store, CompilerParams(num_warps,
 num_stages)) is the same in both; jax 0.11 adds a DeprecationWarning on its
-use, filtered in pyproject.toml by its exact message.
+use, filtered in pyproject.toml by its exact message. Mosaic GPU's `load` takes
+a separate index in 0.10.2 and deprecates it in 0.11 (`mosaic_gpu_load`).
 """
 
 from __future__ import annotations
