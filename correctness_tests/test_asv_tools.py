@@ -75,17 +75,17 @@ def test_machine_file_carries_device_keys_that_asv_loads(tmp_path, monkeypatch):
 
     from kernels import fingerprint
 
-    gpu = dataclasses.replace(fingerprint.fingerprint(), platform="gpu", name="Test GPU 80GB",
-                              driver="999.1", cuda="99.9", default_sm_mhz=1234)
+    gpu = fingerprint.Identity("gpu", "Test GPU 80GB", "test-gpu-80gb", "999.1", "99.9", 1234)
     monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setattr(fingerprint, "fingerprint", lambda: gpu)
-    asv_tools.register_machine("test-gpu")
-    machine = Machine.load(machine_name="test-gpu", _path=str(tmp_path / ".asv-machine.json"))
+    monkeypatch.setattr(fingerprint, "identity", lambda: gpu)
+    assert asv_tools.register_machine() == "test-gpu-80gb"
+    machine = Machine.load(machine_name="test-gpu-80gb",
+                           _path=str(tmp_path / ".asv-machine.json"))
     for key, value in asv_tools.machine_keys(gpu).items():
         assert getattr(machine, key) == value
     assert (machine.gpu, machine.driver, machine.cuda) == (gpu.name, gpu.driver, gpu.cuda)
     assert machine.sm_clock_mhz == str(gpu.default_sm_mhz)
-    assert machine.num_cpu and machine.ram and machine.arch
+    assert machine.num_cpu and machine.ram and machine.arch and "Test GPU" in machine.cpu
 
 
 def test_machine_keys_on_cpu_name_no_gpu():

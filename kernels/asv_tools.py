@@ -58,34 +58,7 @@ def machine_name() -> str:
     """asv's machine name: the normalised device model, e.g. nvidia-h100-80gb-hbm3."""
     from kernels import fingerprint
 
-    return fingerprint.fingerprint().model
-
-
-def _asv(*args: str) -> None:
-    import sys
-
-    command = [sys.executable, "-m", "asv", *args]
-    print("+ " + " ".join(command), flush=True)
-    subprocess.run(command, check=True)
-
-
-def register_machine(name: str) -> None:
-    """Create (or refresh) ~/.asv-machine.json's entry for this machine, non-interactively."""
-    import os
-    import platform
-
-    from kernels import fingerprint
-
-    device = fingerprint.fingerprint()
-    cpu = platform.processor() or platform.machine()
-    ram = str(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    _asv("machine", "--yes", "--machine", name, "--os", platform.platform(),
-         "--arch", platform.machine(), "--cpu", f"{cpu}; {device.describe()}",
-         "--num_cpu", str(os.cpu_count()), "--ram", ram)
-    # `asv machine` drops a flag equal to its own default (arch, num_cpu, ram here)
-    # from a new entry, so those are written together with the device keys.
-    add_machine_keys(name, {"arch": platform.machine(), "num_cpu": str(os.cpu_count()),
-                            "ram": ram, **machine_keys(device)})
+    return fingerprint.identity().model
 
 
 def machine_keys(device) -> dict[str, str]:
@@ -98,30 +71,62 @@ def machine_keys(device) -> dict[str, str]:
             "cuda": text(device.cuda), "sm_clock_mhz": text(device.default_sm_mhz)}
 
 
-def add_machine_keys(name: str, keys: dict[str, str]) -> None:
-    """Add `keys` to `name`'s entry in ~/.asv-machine.json.
+def register_machine(name: str | None = None) -> str:
+    """Write (or refresh) this machine's entry in ~/.asv-machine.json; returns its name.
 
-    `asv machine` takes flags only for its six fields (machine, os, arch, cpu,
-    num_cpu, ram), but asv loads every key of the entry into the machine and
-    `asv run` stores them all in each result's params, so extra keys are
-    written into the file after `asv machine --yes` has created the entry.
+    Every asv entry point ends here: `python -m kernels bench` calls it, and so does the
+    asv plugin (kernels/asv_plugin.py) before plain `asv run` / `asv continuous` / `asv find`
+    pick a machine. asv copies every key of the entry into each result's params, so the
+    device keys (`machine_keys`) are in it beside asv's own six fields. Written directly,
+    not through `asv machine --yes`, which asks questions at a terminal and reports the
+    missing hostname entry as an error on the way.
     """
-    from asv import util
+    import os
+    import platform
+
     from asv.machine import MachineCollection
 
+    from kernels import fingerprint
+
+    device = fingerprint.identity()
+    name = name or device.model
+    uname = platform.uname()
+    cpu = fingerprint._cpu_name()
+    if device.platform == "gpu":
+        cpu = f"{cpu}; {device.name}, driver {device.driver}, CUDA {device.cuda}"
+    info = {"machine": name, "os": f"{uname.system} {uname.release}",
+            "arch": platform.machine(), "cpu": cpu, "num_cpu": str(os.cpu_count()),
+            "ram": str(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
+            **machine_keys(device)}
     path = MachineCollection.get_machine_file_path()
-    machines = util.load_json(path, MachineCollection.api_version)
-    if name not in machines:
-        raise ValueError(f"machine {name!r}: expected an entry in {path} (made by `asv machine`),"
-                         f" found only {sorted(machines)}")
-    machines[name].update(keys)
-    util.write_json(path, machines, MachineCollection.api_version)
+    try:
+        if MachineCollection.load(name) == info:
+            return name  # unchanged: leave the file alone
+    except Exception:  # no file, no entry, or a file of another asv version: write it
+        pass
+    MachineCollection.save(name, info)
+    print(f"asv machine {name!r} written to {path}", flush=True)
+    return name
+
+
+def _asv(*args: str) -> None:
+    import sys
+
+    command = [sys.executable, "-m", "asv", *args]
+    print("+ " + " ".join(command), flush=True)
+    subprocess.run(command, check=True)
+
+
+DASHBOARD_VARIABLE = "KERNELPERF_DASHBOARD_METRICS"  # perf_tests/benchmarks.py reads it
 
 
 def bench(revisions: list[str], *, bench_regex: str | None = None) -> str:
-    """Run asv's benchmarks on each revision on this machine; returns the machine name."""
-    name = machine_name()
-    register_machine(name)
+    """Run asv's benchmarks on each revision on this machine, dashboard metrics included;
+    returns the machine name."""
+    import os
+
+    name = register_machine()
+    os.environ[DASHBOARD_VARIABLE] = "1"  # asv passes the environment to the benchmarks
     for revision in revisions:
         # --record-samples (asv continuous's default, not asv run's) keeps the samples that
         # asv's Mann-Whitney test needs; without them only the 99% intervals are compared.
