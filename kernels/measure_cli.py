@@ -173,19 +173,42 @@ def _ceilings(allow_measure: bool = True):
     return device, sheet, measured
 
 
-def _speedups(rows: list[Row]) -> dict[int, float]:
-    """Best baseline's median over each non-baseline row's, per (case, direction)."""
-    best: dict[tuple[str, str], float] = {}
+def _speedups(rows: list[Row], mixed: bool = False) -> dict[int, str]:
+    """Best baseline's median over each non-baseline row's, per (case, direction), among
+    rows timed by the same method: across clocks the cell says so instead (unless `mixed`,
+    when the cell is marked "mixed clocks")."""
+    def method(row: Row) -> str:
+        return "any" if mixed else row.measurement.method
+
+    best: dict[tuple[str, str, str], float] = {}
     for row in rows:
         if row.measurement and row.impl.baseline:
-            key = (row.case.id, row.direction)
+            key = (row.case.id, row.direction, method(row))
             best[key] = min(best.get(key, math.inf), row.measurement.median_s)
     out = {}
     for index, row in enumerate(rows):
-        key = (row.case.id, row.direction)
-        if row.measurement and not row.impl.baseline and key in best:
-            out[index] = best[key] / row.measurement.median_s
+        if not row.measurement or row.impl.baseline:
+            continue
+        key = (row.case.id, row.direction, method(row))
+        if key in best:
+            out[index] = f"{best[key] / row.measurement.median_s:.2f}x" + \
+                (" (mixed clocks)" if mixed else "")
+        elif any(k[:2] == key[:2] for k in best):
+            out[index] = "other clock"
     return out
+
+
+def mixed_clocks(rows: list[Row], ceiling=None) -> str | None:
+    """Why these rows (and the measured ceiling) cannot share one chart, or None."""
+    from kernels import timing
+
+    measured = [row.measurement for row in rows if row.measurement is not None]
+    why = timing.comparable(*measured)
+    if why is None and ceiling is not None and ceiling.kind == "measured" and measured \
+            and ceiling.method not in (None, measured[0].method):
+        why = (f"points timed by {measured[0].method}, measured ceilings by {ceiling.method} "
+               f"(python -m kernels ceilings --refresh)")
+    return why
 
 
 def _format_time(seconds: float) -> str:
@@ -206,7 +229,7 @@ def cmd_time(args: argparse.Namespace) -> int:
     if ceiling:
         print(f"roofline: {ceiling.kind} ceilings ({ceiling.bandwidth / 1e9:.0f} GB/s)")
     rows = run_rows(op, impls, cases, args.direction, args.regime, _rule(args))
-    speedups = _speedups(rows)
+    speedups = _speedups(rows, mixed=args.mixed_clocks)
     lines = []
     for index, row in enumerate(rows):
         if row.measurement is None:
@@ -218,8 +241,7 @@ def cmd_time(args: argparse.Namespace) -> int:
         placement = model.place(
             work, m.median_s, ceiling, row.case.dtype, devices=row.impl.devices_for(row.case),
             interconnect=report.sharding_ceiling(row.impl, row.case, work)) if ceiling else None
-        speedup = f"{speedups[index]:.2f}x" if index in speedups else \
-            ("baseline" if row.impl.baseline else "-")
+        speedup = speedups.get(index, "baseline" if row.impl.baseline else "-")
         lines.append([row.impl.id, row.case.id, row.direction, _format_time(m.median_s),
                       f"{100 * m.cv:.2f}%", str(m.repeats), m.method, m.regime, m.stop_reason,
                       str(m.throttled_count), f"{work.flops / m.median_s / 1e12:.3f}",
@@ -237,6 +259,11 @@ def cmd_roofline(args: argparse.Namespace) -> int:
     device, sheet, measured = _ceilings()
     print(f"device: {device.describe()}")
     rows = run_rows(op, impls, cases, args.direction, args.regime, _rule(args))
+    mixed = mixed_clocks(rows, measured)
+    if mixed and not args.mixed_clocks:
+        print(f"roofline: refused: {mixed}; pass --mixed-clocks to draw them anyway",
+              file=sys.stderr)
+        return 2
     points = [report.point(row.impl, row.case, row.direction, row.measurement, sheet, measured)
               for row in rows if row.measurement is not None]
     for row in rows:
@@ -377,6 +404,8 @@ def _selection_arguments(parser: argparse.ArgumentParser) -> None:
                         help="attention: sequence lengths, e.g. 128,256,512")
     parser.add_argument("--regime", choices=("cold", "hot"), default="cold")
     parser.add_argument("--budget", type=float, help="wall-time budget per timing (s)")
+    parser.add_argument("--mixed-clocks", dest="mixed_clocks", action="store_true",
+                        help="compare results timed by different methods (labelled as such)")
 
 
 def add_commands(sub) -> dict[str, Callable[[argparse.Namespace], int]]:
