@@ -146,10 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     floor.add_argument("--revision", default="HEAD")
     floor.add_argument("--runs", type=int, default=3)
     floor.add_argument("--bench", help="asv benchmark regex (e.g. Softmax.time_device)")
-    from kernels import measure_cli, profiling_cli, tuning
+    from kernels import gate, measure_cli, profiling_cli, tuning
 
     extra_commands = {**measure_cli.add_commands(sub), **profiling_cli.add_commands(sub),
-                      **tuning.add_commands(sub)}
+                      **tuning.add_commands(sub), **gate.add_commands(sub)}
     args = parser.parse_args(argv)
     commands = {"list": cmd_list, "check": cmd_check, "bench": cmd_bench, "compare": cmd_compare,
                 "noise-floor": cmd_noise_floor, **extra_commands}
