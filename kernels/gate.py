@@ -234,7 +234,7 @@ def main_flow(settings: Settings, *, keep: bool = False,
     log(f"gate-power: scratch clone {scratch} of {head[:8]}; machine {machine}; case {case}; "
         f"asv continuous -f {settings.factor}")
     _git(scratch, "clone", "-q", str(source), ".")
-    _git(scratch, "branch", "-f", "main", head)
+    _git(scratch, "checkout", "-q", "-B", "main", head)
     _git(scratch, "config", "user.email", "gate-power@kernelperf")
     _git(scratch, "config", "user.name", "kernelperf gate-power")
     outcomes: list[tuple[str, float, Outcome]] = []  # (kind, size, outcome)
