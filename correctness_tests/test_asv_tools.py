@@ -126,3 +126,27 @@ def test_learned_floors_round_trip_through_the_results_folder(tmp_path, monkeypa
     assert asv_tools.load_floors("test-machine", results) == floors
     with pytest.raises(ValueError, match="runs: expected at least 2"):
         asv_tools.learn_floors("HEAD", 1, results_dir=results)
+
+
+def test_dashboard_metrics_exist_only_when_recorded(monkeypatch):
+    """Plain asv never sees the throughput metrics (its verdict would read a speedup as a
+    regression); `kernels bench` sets the variable and records them."""
+    import importlib
+
+    import perf_tests.benchmarks as benchmarks
+
+    monkeypatch.delenv(asv_tools.DASHBOARD_VARIABLE, raising=False)
+    plain = importlib.reload(benchmarks).Softmax
+    assert hasattr(plain, "time_device") and hasattr(plain, "track_peak_memory")
+    assert not any(hasattr(plain, name) for name in ("track_tflops", "track_gbps",
+                                                     "track_roofline", "track_speedup",
+                                                     "track_launch"))
+    monkeypatch.setenv(asv_tools.DASHBOARD_VARIABLE, "1")
+    recorded = importlib.reload(benchmarks).Softmax
+    assert all(hasattr(recorded, name) for name in ("track_tflops", "track_gbps",
+                                                    "track_roofline", "track_speedup",
+                                                    "track_launch"))
+    assert all(method in asv_tools.LOWER_IS_BETTER for method in dir(recorded)
+               if method.startswith(("time_", "track_")))
+    monkeypatch.delenv(asv_tools.DASHBOARD_VARIABLE)
+    importlib.reload(benchmarks)

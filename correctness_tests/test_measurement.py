@@ -343,7 +343,7 @@ class FakeCuptiSession:
             self.kernels.append((name, ms))
 
 
-def test_cupti_sampler_records_each_call_alone_with_the_flush_outside():
+def test_cupti_sampler_records_each_call_alone_and_leaves_the_flush_out():
     session = FakeCuptiSession()
     sizes = iter([1, 2, 1, 3, 2])  # calls launch different numbers of kernels (autograd, ...)
 
@@ -353,18 +353,24 @@ def test_cupti_sampler_records_each_call_alone_with_the_flush_outside():
 
     sampler = timing._CuptiSampler(call, lambda: session.launch("flush", 9.0),
                                    lambda _: None, session, "softmax-test")
-    # The compiling call ran unrecorded; then each sample is flush, start, kernels, stop.
+    assert sampler.flush_names == ["flush"]  # learned by recording the flush alone
+    # The compiling call ran unrecorded; then each sample is start, flush, kernels, stop.
     assert sampler.take(4) == pytest.approx([3e-3, 1e-3, 6e-3, 3e-3])
-    assert session.log[:1] == ["k0"]
-    assert session.log[1:6] == ["flush", "start", "k0", "k1", "stop"]
-    assert session.log.count("flush") == 4 and "flush" not in [
-        name for name, _ in session.kernels]
+    assert session.log[:6] == ["k0", "flush", "start", "flush", "stop", "start"]
+    assert session.log[6:9] == ["flush", "k0", "k1"]
 
 
-def test_cupti_sampler_refuses_a_call_that_launches_no_kernel():
+def test_cupti_sampler_refuses_a_call_that_launches_no_kernel_or_skips_the_flush():
     session = FakeCuptiSession()
-    sampler = timing._CuptiSampler(lambda: None, None, lambda _: None, session, "copy")
+    sampler = timing._CuptiSampler(lambda: None, lambda: session.launch("flush", 1.0),
+                                   lambda _: None, session, "copy")
     with pytest.raises(RuntimeError, match="CUPTI recorded no kernel for copy"):
+        sampler.take(1)
+    flushes = iter([True, True, False])
+    sampler = timing._CuptiSampler(lambda: session.launch("k", 1.0),
+                                   lambda: session.launch("flush", 1.0) if next(flushes)
+                                   else None, lambda _: None, session, "call")
+    with pytest.raises(RuntimeError, match="expected the call to follow the flush's kernels"):
         sampler.take(1)
 
 

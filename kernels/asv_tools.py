@@ -31,9 +31,11 @@ import subprocess
 from pathlib import Path
 
 LOWER_IS_BETTER = {"time_device": True, "track_tflops": False, "track_gbps": False,
-                   "track_roofline": False, "track_speedup": False, "track_peak_memory": True}
+                   "track_roofline": False, "track_speedup": False, "track_peak_memory": True,
+                   "track_launch": True}
 UNITS = {"time_device": "s", "track_tflops": "TFLOP/s", "track_gbps": "GB/s",
-         "track_roofline": "of roof", "track_speedup": "x", "track_peak_memory": "B"}
+         "track_roofline": "of roof", "track_speedup": "x", "track_peak_memory": "B",
+         "track_launch": "us (host)"}
 DEFAULT_MIN_GAP = 0.05
 
 

@@ -266,7 +266,7 @@ def main_flow(settings: Settings, *, keep: bool = False,
     if settings.speedup and planted:
         size = min(planted)
         _git(scratch, "checkout", "-q", "-B", "faster", planted[size])
-        _git(scratch, "revert", "--no-edit", "-q", "HEAD")
+        _git(scratch, "revert", "--no-edit", "HEAD")
         fast = _git(scratch, "rev-parse", "HEAD")
         outcomes.append(("speed-up", size, run_trial(
             scratch, f"-{size:.0%} (plant reverted)", planted[size], fast, impls, case,

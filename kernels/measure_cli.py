@@ -353,7 +353,8 @@ def cmd_verify_timing(args: argparse.Namespace) -> int:
         return 0
     use_ncu = args.ncu and shutil.which("ncu") is not None
     lines, ok = [], True
-    selected = [c for c in VERIFY_CASES if not args.impl or c[1] in args.impl]
+    selected = [c for c in VERIFY_CASES if (not args.impl or c[1] in args.impl)
+                and (not args.case or any(word in c[2] for word in args.case))]
     for op_name, impl_name, case_id in selected:
         impl = registry.implementation(op_name, impl_name)
         reason = devices.case_unavailable_reason(impl, registry.operation(op_name).case(case_id))
@@ -443,5 +444,7 @@ def add_commands(sub) -> dict[str, Callable[[argparse.Namespace], int]]:
     verify.add_argument("--ncu", action="store_true", help="also compare with ncu's durations")
     verify.add_argument("--impl", action="extend", nargs="+",
                         help="only these implementations (default: one per family)")
+    verify.add_argument("--case", action="extend", nargs="+",
+                        help="only cases whose id contains one of these")
     return {"time": cmd_time, "roofline": cmd_roofline, "plot-roofline": cmd_plot_roofline,
             "ceilings": cmd_ceilings, "verify-timing": cmd_verify_timing}

@@ -331,15 +331,17 @@ class _CudaEventSampler:
 class _CuptiSampler:
     """Kernel time from CUPTI: per call, the sum of the durations of the kernels it launched.
 
-    Every sample is recorded in a session of its own: the flush (cold regime)
-    runs and is waited for before recording starts, and recording stops once
-    the call's work is done, so each kernel recorded belongs to the call. No
-    kernel names are matched and no per-call count is assumed: a call may
-    launch a different number of kernels each time (autograd, XLA autotuning
-    left over), and torch's autograd worker thread is recorded like any other.
+    Every sample is recorded in a session of its own, so a call may launch a
+    different number of kernels each time (autograd, XLA autotuning left
+    over) and torch's autograd worker thread is recorded like any other. In
+    the cold regime the flush is dispatched inside the session right before
+    the call, with no wait between them (as `triton.testing.do_bench` and the
+    profilers run them: a pause there lets the L2 write back the flush's dirty
+    lines, which changes what a kernel of a few microseconds meets); its kernels, learned by
+    recording the flush alone, come first and are left out of the sum.
 
-    call: runs the timed code once; flush: writes the L2 (or None, hot);
-    wait(last): blocks until the last dispatched work is done.
+    call: runs the timed code once; flush: writes the L2 (or None, hot), without
+    waiting; wait(last): blocks until the last dispatched work is done.
     """
 
     def __init__(self, call: Callable[[], Any], flush: Callable[[], Any] | None,
@@ -348,23 +350,38 @@ class _CuptiSampler:
         self.label = label
         # Compile (and let XLA autotune, which launches kernels of its own) before any recording.
         wait(call())
+        self.flush_names: list[str] = []
+        if flush is not None:
+            wait(flush())
+            self.flush_names = [name for name, _ in self._record(flush_only=True)]
+            if not self.flush_names:
+                raise RuntimeError("CUPTI recorded no kernel for the L2 flush")
+
+    def _record(self, flush_only: bool = False) -> list[tuple[str, float]]:
+        self.session.start()
+        try:
+            last = self.flush() if self.flush is not None else None
+            if not flush_only:
+                last = self.call()
+            self.wait(last)
+        finally:
+            kernels = self.session.stop()
+        return kernels
 
     def take(self, n: int) -> list[float]:
         samples = []
+        skip = len(self.flush_names)
         for _ in range(n):
-            if self.flush is not None:
-                self.wait(self.flush())
-            self.session.start()
-            try:
-                self.wait(self.call())
-            finally:
-                kernels = self.session.stop()
-            if not kernels:
+            kernels = self._record()
+            if [name for name, _ in kernels[:skip]] != self.flush_names:
+                raise RuntimeError(f"CUPTI: expected the call to follow the flush's kernels "
+                                   f"{self.flush_names}, got {[name for name, _ in kernels]}")
+            if len(kernels) == skip:
                 raise RuntimeError(
                     f"CUPTI recorded no kernel for {self.label}: it launches none (a "
                     f"device-to-device memcpy or a host-only call is no kernel to CUPTI); time "
                     f"it with KERNELPERF_TORCH_TIMER=cuda-events or on the host clock")
-            samples.append(sum(ms for _, ms in kernels) * 1e-3)
+            samples.append(sum(ms for _, ms in kernels[skip:]) * 1e-3)
         return samples
 
 
@@ -424,7 +441,7 @@ def make_sampler(timeable: Timeable, regime: str,
             if session is None:
                 _warn_no_cupti("jax", "host-clock")
         if session is not None:
-            flush = _jax_flush(flush_bytes) if flush_bytes else None
+            flush = _jax_flush(flush_bytes, wait=False) if flush_bytes else None
             inner = _CuptiSampler(call, flush, jax.block_until_ready, session, timeable.label)
             return _ClockedSampler(inner, device), "cupti"
         flush = _jax_flush(flush_bytes) if flush_bytes else None
@@ -466,11 +483,13 @@ def _torch_flush(nbytes: int) -> Callable[[], Any]:
     return buffer.zero_
 
 
-def _jax_flush(nbytes: int) -> Callable[[], Any]:
+def _jax_flush(nbytes: int, wait: bool = True) -> Callable[[], Any]:
     import jax
     import jax.numpy as jnp
 
     write = jax.jit(lambda token: jnp.broadcast_to(token, (nbytes // 4,)))
+    if not wait:
+        return functools.partial(write, jnp.int32(1))
     return lambda: jax.block_until_ready(write(jnp.int32(1)))
 
 
