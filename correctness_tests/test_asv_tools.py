@@ -1,6 +1,7 @@
 """Verdicts of `python -m kernels compare`: each unit judged the right way up, noise respected."""
 
 import dataclasses
+import pathlib
 
 import numpy as np
 import pytest
@@ -150,3 +151,18 @@ def test_dashboard_metrics_exist_only_when_recorded(monkeypatch):
                if method.startswith(("time_", "track_")))
     monkeypatch.delenv(asv_tools.DASHBOARD_VARIABLE)
     importlib.reload(benchmarks)
+
+
+def test_importing_the_benchmarks_starts_no_backend():
+    """asv's forkserver imports the benchmark module once and forks every benchmark from it:
+    a JAX backend (threads) or a CUDA context made at import would be forked into each."""
+    import subprocess
+    import sys
+
+    probe = ("import perf_tests.benchmarks, sys; from jax._src import xla_bridge; "
+             "torch = sys.modules.get('torch'); "
+             "print(list(xla_bridge._backends), bool(torch and torch.cuda.is_initialized()))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            cwd=pathlib.Path(__file__).parents[1], timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split("\n")[-2] == "[] False", result.stdout

@@ -87,7 +87,9 @@ def _wanted(name: str, variable: str) -> bool:
 
 def bench_cases(op: registry.Operation) -> list[registry.Case]:
     """The operation's "bench" cases for this platform ("gpu" or "cpu" sized)."""
-    platform_tag = "gpu" if devices.this_machine().has_gpu else "cpu"
+    # Not devices.this_machine(): that starts a JAX backend, which a process asv forks
+    # benchmarks from (its forkserver) must not hold.
+    platform_tag = "gpu" if environment.nvidia_gpu_present() else "cpu"
     return [c for c in op.cases if BENCH_TAG in c.tags and platform_tag in c.tags
             and _wanted(c.id, "KERNELPERF_BENCH_CASES")]
 
