@@ -380,17 +380,18 @@ def cmd_verify_timing(args: argparse.Namespace) -> int:
         timer = statistics.median(medians)
         spread = statistics.stdev(medians) / statistics.fmean(medians)
         sample_cv = statistics.median(m.cv for m in runs)
-        cells, agreed = [], []
+        cells = []
         for name in ("trace", "ncu"):
             value = independent[name]
-            if isinstance(value, float):
-                gap = (timer - value) / value
-                agreed.append(abs(gap) <= AGREEMENT)
-                cells.append(f"{_format_time(value)} ({100 * gap:+.2f}%)")
-            else:
-                cells.append(value)
+            cells.append(f"{_format_time(value)} ({100 * (timer - value) / value:+.2f}%)"
+                         if isinstance(value, float) else value)
+        # The verdict is against the profiler trace, whose calls follow the flush as the
+        # timer's do. ncu is shown beside it: it serialises every kernel and invalidates
+        # the caches itself, so kernels of a few microseconds read ~1 us longer there.
+        trace = independent["trace"]
+        agreed = isinstance(trace, float) and abs(timer - trace) <= AGREEMENT * trace
         steady = timer < CV_FLOOR_S or (spread <= REPEAT_CV and sample_cv <= REPEAT_CV)
-        passed = bool(agreed) and all(agreed) and steady
+        passed = agreed and steady
         ok &= passed
         lines.append([f"{impl.id} {case_id}", _format_time(timer), *cells,
                       f"{100 * spread:.2f}% (n={len(medians)})", f"{100 * sample_cv:.2f}%",
@@ -399,7 +400,7 @@ def cmd_verify_timing(args: argparse.Namespace) -> int:
         print("  " + " | ".join(lines[-1]), file=sys.stderr, flush=True)  # survives a later crash
     print(table(lines, ["kernel", "timer (median of medians)", "profiler trace", "ncu",
                         "CV of medians", "CV of samples", "first run",
-                        f"within {AGREEMENT:.0%}, CVs<=1% (>= 100 us)"]))
+                        f"trace within {AGREEMENT:.0%}, CVs<=1% (>= 100 us)"]))
     return 0 if ok else 1
 
 
