@@ -73,27 +73,45 @@ def test_the_detectable_shift_grows_with_the_noise():
     assert gate.detectable_shift(noisy, 1.001)[1] == noisy_shift
 
 
-def _outcome(label, asv_exit, plain, ratio, verdict):
-    return gate.Outcome(label, asv_exit, plain, 1 if verdict == "slower" else 0,
-                        {"xla": (ratio, verdict)})
+def _outcome(label, asv_worse, plain, ratio, verdict):
+    return gate.Outcome(label, int(asv_worse), 1 if verdict == "slower" else 0,
+                        {"xla": gate.RowVerdict(ratio, asv_worse, plain, verdict)})
 
 
 def test_report_fails_on_a_missed_plant_a_false_positive_or_a_speedup_read_as_slower():
     settings = gate.Settings(families=("xla",), factor=1.05)
-    good = [("A/A", 0.0, _outcome("A/A 1", 0, False, 1.001, "same")),
-            ("plant", 0.05, _outcome("+5% trial 1", 1, False, 1.06, "slower")),
-            ("plant", 0.10, _outcome("+10% trial 1", 1, True, 1.11, "slower")),
-            ("speed-up", 0.05, _outcome("-5%", 0, False, 0.94, "faster"))]
+    good = [("A/A", 0.0, _outcome("A/A 1", False, False, 1.001, "same")),
+            ("plant", 0.05, _outcome("+5% trial 1", True, False, 1.06, "slower")),
+            ("plant", 0.10, _outcome("+10% trial 1", True, True, 1.11, "slower")),
+            ("speed-up", 0.05, _outcome("-5%", False, False, 0.94, "faster"))]
     lines = []
     assert gate.report(good, settings, ["xla"], {}, lines.append) == 0
     assert "0 false positive(s)" in "\n".join(lines)
-    for index, bad in ((0, _outcome("A/A 1", 1, False, 1.06, "slower")),
-                       (1, _outcome("+5% trial 1", 0, False, 1.04, "same")),
-                       (2, _outcome("+10% trial 1", 1, False, 1.11, "slower")),
-                       (3, _outcome("-5%", 1, True, 0.94, "faster"))):
+    for index, bad in ((0, _outcome("A/A 1", True, False, 1.06, "slower")),
+                       (1, _outcome("+5% trial 1", False, False, 1.04, "same")),
+                       (2, _outcome("+10% trial 1", True, False, 1.11, "slower")),
+                       (3, _outcome("-5%", True, True, 0.94, "faster"))):
         outcomes = list(good)
         outcomes[index] = (good[index][0], good[index][1], bad)
         assert gate.report(outcomes, settings, ["xla"], {}, lines.append) == 1, bad
+
+
+def test_asv_marks_a_row_worse_by_its_own_test():
+    from asv_runner.statistics import compute_stats
+
+    from kernels import asv_tools
+
+    def result(samples):
+        value, stats = compute_stats(samples, 1)
+        return asv_tools.Result(value, samples, stats)
+
+    rng = np.random.default_rng(0)
+    base = result(list(1e-3 * (1 + 0.002 * rng.standard_normal(50))))
+    slower = result(list(1.07e-3 * (1 + 0.002 * rng.standard_normal(50))))
+    assert gate.asv_marks_worse(base, slower, 1.05)
+    assert not gate.asv_marks_worse(base, slower, 1.1)
+    assert not gate.asv_marks_worse(slower, base, 1.05)  # a speed-up is not worse
+    assert not gate.asv_marks_worse(base, None, 1.05)
 
 
 def test_bad_settings_are_refused_before_any_clone():

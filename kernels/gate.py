@@ -18,9 +18,10 @@ it), the command commits, one at a time on top of HEAD:
 
 For each, it runs `asv continuous -f FACTOR BASE HEAD` (narrowed to the
 planted operation's time_device, one case, forward), records asv's exit
-status, reads the verdict plain `asv continuous` (factor 1.1) gives on the
-same results through asv's own compare, and runs the direction-aware compare
-(`kernels.asv_tools.run`). It prints one row per (family, plant, trial) and
+status and, per implementation, the mark asv gives the row (asv's own test,
+`asv.commands.compare._is_result_better`) at that factor and at plain asv
+continuous's 1.1 on the same results, and the direction-aware compare's verdict
+(`kernels.asv_tools.compare`). It prints one row per (family, plant, trial) and
 the A/A false-positive count, then, per benchmark, the smallest slowdown the
 gate can catch given its noise: the smallest shift d for which asv's test
 (`asv._stats.is_different`, Mann-Whitney on the samples or 99% intervals)
@@ -127,14 +128,23 @@ def _commit(repo: pathlib.Path, message: str, edits: dict[pathlib.Path, str]) ->
 
 
 @dataclasses.dataclass(frozen=True)
+class RowVerdict:
+    """One planted benchmark row of one trial: asv's verdict at both factors and ours."""
+
+    ratio: float | None  # head / base
+    asv_worse: bool  # asv continuous -f FACTOR marks it "+"
+    plain_worse: bool  # plain asv continuous (factor 1.1) would
+    verdict: str  # the direction-aware compare's word
+
+
+@dataclasses.dataclass(frozen=True)
 class Outcome:
-    """One asv continuous run and the verdicts read from its results."""
+    """One asv continuous run: its exit status, and a verdict per implementation."""
 
     label: str
     asv_exit: int
-    plain_worsened: bool
     compare_exit: int
-    rows: dict[str, tuple[float | None, str]]  # implementation -> (head/base, verdict)
+    rows: dict[str, RowVerdict]
 
 
 def _environment(impls: list[str], case: str) -> dict[str, str]:
@@ -143,25 +153,15 @@ def _environment(impls: list[str], case: str) -> dict[str, str]:
                 PYTHONUNBUFFERED="1")
 
 
-def _plain_verdict(repo: pathlib.Path, base: str, head: str, machine: str) -> bool:
-    """Whether plain `asv continuous` (factor 1.1) calls these results worse: asv's own
-    Compare.print_table, which asv continuous's exit status comes from."""
-    import contextlib
-    import io
+def asv_marks_worse(base, head, factor: float) -> bool:
+    """asv's own per-row test (what asv continuous and compare mark "+"): the head worse by
+    more than `factor`, and different by Mann-Whitney on the samples or 99% intervals."""
+    from asv.commands.compare import _is_result_better
 
-    from asv import config
-    from asv.commands.compare import Compare
-
-    here = os.getcwd()
-    os.chdir(repo)
-    try:
-        conf = config.Config.load("asv.conf.json")
-        with contextlib.redirect_stdout(io.StringIO()):
-            worsened, _ = Compare.print_table(conf, base, head, factor=PLAIN_FACTOR, split=False,
-                                              only_changed=True, machine=machine)
-    finally:
-        os.chdir(here)
-    return bool(worsened)
+    if base is None or head is None or base.value is None or head.value is None:
+        return False
+    return bool(_is_result_better(base.value, head.value, (base.stats, base.samples),
+                                  (head.stats, head.samples), factor))
 
 
 def run_trial(repo: pathlib.Path, label: str, base: str, head: str, impls: list[str],
@@ -174,11 +174,19 @@ def run_trial(repo: pathlib.Path, label: str, base: str, head: str, impls: list[
                "-b", f"{''.join(p.title() for p in PLANT_OP.split('_'))}.time_device",
                base, head]
     log(f"[{label}] {' '.join(command[2:])}  (implementations: {', '.join(impls)})")
-    result = subprocess.run(command, cwd=repo, env=_environment(impls, case),
-                            capture_output=True, text=True)
-    if result.returncode not in (0, 1):
-        raise RuntimeError(f"{label}: asv continuous exited {result.returncode}:\n"
-                           f"{(result.stdout + result.stderr)[-3000:]}")
+    # asv's progress lines are passed on as they come (a run takes minutes); the rest is kept
+    # for the error message.
+    process = subprocess.Popen(command, cwd=repo, env=_environment(impls, case), text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    output = []
+    for line in process.stdout:
+        output.append(line)
+        if line.startswith(("[", "·", "|", "BENCHMARKS", "SOME", "PERFORMANCE")):
+            log(f"  {line.rstrip()}")
+    returncode = process.wait()
+    if returncode not in (0, 1):
+        raise RuntimeError(f"{label}: asv continuous exited {returncode}:\n"
+                           f"{''.join(output)[-3000:]}")
     results_dir = str(repo / ".asv" / "results")
     base_results = asv_tools.load(results_dir, machine, base)
     head_results = asv_tools.load(results_dir, machine, head)
@@ -186,9 +194,12 @@ def run_trial(repo: pathlib.Path, label: str, base: str, head: str, impls: list[
     by_impl = {}
     for row in rows:
         if row.benchmark.endswith(".time_device"):
-            by_impl[row.params[0].strip("'")] = (row.ratio, row.verdict)
-    return Outcome(label, result.returncode, _plain_verdict(repo, base, head, machine),
-                   asv_tools.exit_status(rows), by_impl)
+            key = (row.benchmark, row.params)
+            pair = base_results.get(key), head_results.get(key)
+            by_impl[row.params[0].strip("'")] = RowVerdict(
+                row.ratio, asv_marks_worse(*pair, settings.factor),
+                asv_marks_worse(*pair, PLAIN_FACTOR), row.verdict)
+    return Outcome(label, returncode, asv_tools.exit_status(rows), by_impl)
 
 
 def detectable_shift(samples: list[float], factor: float) -> tuple[float, float]:
@@ -211,8 +222,12 @@ def detectable_shift(samples: list[float], factor: float) -> tuple[float, float]
     return shift, max(shift, factor - 1)
 
 
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
 def main_flow(settings: Settings, *, keep: bool = False,
-              log: Callable[[str], None] = print) -> int:
+              log: Callable[[str], None] = _print) -> int:
     """Clone, plant, run, print the tables; exit 1 if a plant of at least the factor was
     missed, an A/A trial was flagged or the speed-up read as a regression."""
     from kernels import asv_tools, devices, registry
@@ -290,33 +305,35 @@ def report(outcomes, settings: Settings, impls: list[str], aa_samples: dict[str,
     rows, failures, false_positives = [], [], 0
     for kind, size, outcome in outcomes:
         for impl in impls:
-            ratio, verdict = outcome.rows.get(impl, (None, "missing"))
-            flagged_asv = outcome.asv_exit == 1
+            row = outcome.rows.get(impl, RowVerdict(None, False, False, "missing"))
             if kind == "A/A":
-                wrong = flagged_asv or outcome.plain_worsened or verdict != "same"
+                wrong = row.asv_worse or row.plain_worse or row.verdict != "same"
                 false_positives += wrong
-                caught = "false positive" if wrong else "ok (same)"
+                result = "false positive" if wrong else "ok (same)"
             elif kind == "speed-up":
-                wrong = flagged_asv or outcome.plain_worsened or verdict == "slower"
-                caught = "read as regression" if wrong else f"ok ({verdict})"
+                wrong = row.asv_worse or row.plain_worse or row.verdict == "slower"
+                result = "read as regression" if wrong else f"ok ({row.verdict})"
             else:
-                must_catch = size + 1e-9 >= settings.factor - 1
-                caught_both = flagged_asv and verdict == "slower"
-                wrong = must_catch and not caught_both
-                plain_ok = outcome.plain_worsened or size < PLAIN_FACTOR - 1 - 1e-9
-                wrong |= not plain_ok
-                caught = ("caught" if caught_both else "MISSED") + (
-                    "" if plain_ok else "; plain asv missed it")
+                caught = row.asv_worse and row.verdict == "slower"
+                # A plant at or above the factor must be caught by both; at or above 10%,
+                # by plain asv continuous too.
+                wrong = size + 1e-9 >= settings.factor - 1 and not caught
+                plain_missed = size + 1e-9 >= PLAIN_FACTOR - 1 and not row.plain_worse
+                wrong |= plain_missed
+                result = ("caught" if caught else "MISSED") + (
+                    "; plain asv missed it" if plain_missed else "")
             if wrong:
                 failures.append(f"{outcome.label} {impl}")
+            mark = "+" if row.asv_worse else "."
             rows.append([family_of[impl], impl, kind if kind != "plant" else f"+{size:.0%}",
-                         outcome.label, str(outcome.asv_exit),
-                         "worse" if outcome.plain_worsened else "-",
-                         f"{outcome.compare_exit} ({verdict})",
-                         f"{ratio:.3f}" if ratio is not None else "-", caught])
+                         outcome.label, f"{mark} (exit {outcome.asv_exit})",
+                         "+" if row.plain_worse else ".",
+                         f"{row.verdict} (exit {outcome.compare_exit})",
+                         f"{row.ratio:.3f}" if row.ratio is not None else "-", result])
     log(table(rows, ["family", "implementation", "change", "trial",
-                     f"asv -f {settings.factor} exit", "plain asv (1.1)", "compare exit",
-                     "head/base", "result"]))
+                     f"asv -f {settings.factor}", "asv (1.1)", "compare", "head/base",
+                     "result"]))
+    log("(asv columns: '+' is asv's own per-row 'worse' mark; exit is the run's status)")
     aa_count = sum(1 for kind, _, _ in outcomes if kind == "A/A") * len(impls)
     log(f"A/A: {false_positives} false positive(s) in {aa_count} benchmark-trials")
     shifts = []
