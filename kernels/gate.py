@@ -35,6 +35,7 @@ import argparse
 import dataclasses
 import os
 import pathlib
+import signal
 import statistics
 import subprocess
 import sys
@@ -179,11 +180,15 @@ def run_trial(repo: pathlib.Path, label: str, base: str, head: str, impls: list[
     process = subprocess.Popen(command, cwd=repo, env=_environment(impls, case), text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     output = []
-    for line in process.stdout:
-        output.append(line)
-        if line.startswith(("[", "·", "|", "BENCHMARKS", "SOME", "PERFORMANCE")):
-            log(f"  {line.rstrip()}")
-    returncode = process.wait()
+    try:
+        for line in process.stdout:
+            output.append(line)
+            if line.startswith(("[", "·", "|", "BENCHMARKS", "SOME", "PERFORMANCE")):
+                log(f"  {line.rstrip()}")
+        returncode = process.wait()
+    except KeyboardInterrupt:
+        process.kill()  # leave no asv holding the GPU behind
+        raise
     if returncode not in (0, 1):
         raise RuntimeError(f"{label}: asv continuous exited {returncode}:\n"
                            f"{''.join(output)[-3000:]}")
@@ -222,6 +227,10 @@ def detectable_shift(samples: list[float], factor: float) -> tuple[float, float]
     return shift, max(shift, factor - 1)
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def _print(line: str) -> None:
     print(line, flush=True)
 
@@ -254,39 +263,46 @@ def main_flow(settings: Settings, *, keep: bool = False,
     _git(scratch, "config", "user.name", "kernelperf gate-power")
     outcomes: list[tuple[str, float, Outcome]] = []  # (kind, size, outcome)
     aa_samples: dict[str, list[float]] = {}
-    for trial in range(settings.aa_trials):
-        commit = _commit(scratch, f"A/A {trial + 1}", {pathlib.Path("README.md"): "\n"})
-        outcome = run_trial(scratch, f"A/A {trial + 1}", head, commit, impls, case, settings,
-                            machine, log)
-        outcomes.append(("A/A", 0.0, outcome))
-        if not aa_samples:
-            for key, result in asv_tools.load(str(scratch / ".asv" / "results"), machine,
-                                              head).items():
-                if key[0].endswith(".time_device") and result.samples:
-                    aa_samples[key[1][0].strip("'")] = result.samples
-    planted: dict[float, str] = {}
-    for size in settings.sizes:
-        for trial in range(settings.trials):
-            edits = {}
-            for impl in impls:
-                implementation = registry.implementation(PLANT_OP, impl)
-                fraction = size / 2 if impl in MATERIALISED_SLICE else size
-                edits[module_path(PLANT_OP, impl)] = plant_source(
-                    PLANT_OP, impl, fraction, implementation.framework)
-            label = f"+{size:.0%} trial {trial + 1}"
-            commit = _commit(scratch, f"plant {label}", edits)
-            planted.setdefault(size, commit)
-            outcomes.append(("plant", size, run_trial(scratch, label, head, commit, impls, case,
-                                                      settings, machine, log)))
-    if settings.speedup and planted:
-        size = min(planted)
-        _git(scratch, "checkout", "-q", "-B", "faster", planted[size])
-        _git(scratch, "revert", "--no-edit", "HEAD")
-        fast = _git(scratch, "rev-parse", "HEAD")
-        outcomes.append(("speed-up", size, run_trial(
-            scratch, f"-{size:.0%} (plant reverted)", planted[size], fast, impls, case,
-            settings, machine, log)))
-    status = report(outcomes, settings, impls, aa_samples, log)
+    # Interrupted (Ctrl-C, or a TERM from a time limit): report the trials done so far.
+    signal.signal(signal.SIGTERM, _interrupt)
+    interrupted = False
+    try:
+        for trial in range(settings.aa_trials):
+            commit = _commit(scratch, f"A/A {trial + 1}", {pathlib.Path("README.md"): "\n"})
+            outcome = run_trial(scratch, f"A/A {trial + 1}", head, commit, impls, case, settings,
+                                machine, log)
+            outcomes.append(("A/A", 0.0, outcome))
+            if not aa_samples:
+                for key, result in asv_tools.load(str(scratch / ".asv" / "results"), machine,
+                                                  head).items():
+                    if key[0].endswith(".time_device") and result.samples:
+                        aa_samples[key[1][0].strip("'")] = result.samples
+        planted: dict[float, str] = {}
+        for size in settings.sizes:
+            for trial in range(settings.trials):
+                edits = {}
+                for impl in impls:
+                    implementation = registry.implementation(PLANT_OP, impl)
+                    fraction = size / 2 if impl in MATERIALISED_SLICE else size
+                    edits[module_path(PLANT_OP, impl)] = plant_source(
+                        PLANT_OP, impl, fraction, implementation.framework)
+                label = f"+{size:.0%} trial {trial + 1}"
+                commit = _commit(scratch, f"plant {label}", edits)
+                planted.setdefault(size, commit)
+                outcomes.append(("plant", size, run_trial(scratch, label, head, commit, impls, case,
+                                                          settings, machine, log)))
+        if settings.speedup and planted:
+            size = min(planted)
+            _git(scratch, "checkout", "-q", "-B", "faster", planted[size])
+            _git(scratch, "revert", "--no-edit", "HEAD")
+            fast = _git(scratch, "rev-parse", "HEAD")
+            outcomes.append(("speed-up", size, run_trial(
+                scratch, f"-{size:.0%} (plant reverted)", planted[size], fast, impls, case,
+                settings, machine, log)))
+    except KeyboardInterrupt:
+        interrupted = True
+        log(f"gate-power: interrupted after {len(outcomes)} trial(s); reporting those")
+    status = report(outcomes, settings, impls, aa_samples, log) or int(interrupted)
     if not keep:
         import shutil
 
