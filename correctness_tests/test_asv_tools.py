@@ -166,3 +166,29 @@ def test_importing_the_benchmarks_starts_no_backend():
                             cwd=pathlib.Path(__file__).parents[1], timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split("\n")[-2] == "[] False", result.stdout
+
+
+def test_a_benchmark_prepares_its_timing_once_however_often_asv_reruns_setup(monkeypatch):
+    """asv calls setup() before every sample: inputs, compilation and warm-up must not be
+    redone each time (at real sizes that is seconds per sample, and asv's 20 s cap then
+    leaves ten samples)."""
+    import perf_tests.benchmarks as benchmarks
+    from kernels import timing
+
+    prepared = []
+    real_prepare = timing.prepare
+
+    def counting_prepare(*args, **kwargs):
+        prepared.append(args)
+        return real_prepare(*args, **kwargs)
+
+    monkeypatch.setattr(timing, "prepare", counting_prepare)
+    benchmarks._sampler.cache_clear()
+    bench = benchmarks.Softmax()
+    before = benchmarks.DeviceClock.now
+    for _ in range(3):
+        bench.setup("xla", "f32-64x1000", "fwd")
+        bench.time_device()
+    assert len(prepared) == 1
+    assert benchmarks.DeviceClock.now > before
+    benchmarks._sampler.cache_clear()

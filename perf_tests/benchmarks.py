@@ -38,6 +38,7 @@ knows which direction is good for each unit. Combinations that cannot run here
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pathlib
@@ -92,6 +93,17 @@ def bench_cases(op: registry.Operation) -> list[registry.Case]:
     platform_tag = "gpu" if environment.nvidia_gpu_present() else "cpu"
     return [c for c in op.cases if BENCH_TAG in c.tags and platform_tag in c.tags
             and _wanted(c.id, "KERNELPERF_BENCH_CASES")]
+
+
+@functools.cache
+def _sampler(impl: registry.Implementation, case: registry.Case, direction: str):
+    """The warmed-up device-time sampler of one benchmark, made once per process: asv runs
+    setup() again before every sample, and inputs, compilation and warm-up (seconds at real
+    sizes) must not be paid per sample."""
+    timeable = timing.prepare(impl, case, direction=direction)
+    sampler, _ = timing.make_sampler(timeable, "cold", fingerprint.fingerprint())
+    sampler.take(timing.WARMUP_CALLS)
+    return sampler
 
 
 def _resolve(op_name: str, impl_name: str, case_id: str, direction: str):
@@ -166,17 +178,9 @@ class _OperationBenchmarks:
     def setup(self, impl_name: str, case_id: str, direction: str) -> None:
         self.impl, self.case = _resolve(self.op_name, impl_name, case_id, direction)
         self.direction = direction
-        self._sampler = None
-
-    def _ensure_sampler(self):
-        if self._sampler is None:
-            timeable = timing.prepare(self.impl, self.case, direction=self.direction)
-            self._sampler, _ = timing.make_sampler(timeable, "cold", fingerprint.fingerprint())
-            self._sampler.take(timing.WARMUP_CALLS)
-        return self._sampler
 
     def time_device(self, *params) -> None:
-        DeviceClock.advance(self._ensure_sampler().take(1)[0])
+        DeviceClock.advance(_sampler(self.impl, self.case, self.direction).take(1)[0])
 
     def track_peak_memory(self, *params) -> float:
         """Bytes of the compiled program; NaN for torch (no XLA memory analysis)."""
