@@ -151,6 +151,7 @@ def test_two_nightly_runs_keep_and_publish_the_history(tmp_path):
     first = git(rehearsal.seed, "rev-parse", "HEAD")
 
     output = rehearsal.nightly()
+    print("\n".join(line for line in output.splitlines() if line.startswith("$")))
     results = files_on(rehearsal.remote, history.RESULTS_BRANCH)
     ours = {path: blob for path, blob in results.items()
             if path.startswith(f"{MACHINE}/") and not path.endswith("machine.json")}
