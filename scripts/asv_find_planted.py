@@ -5,12 +5,14 @@ more, each touching a note file, and the one at --plant-at also making the XLA s
 compute its softmax --repeats times in a chain (each pass reads the previous one's output,
 so XLA cannot drop it). Then runs, from this checkout, with asv's `kernelperf` environment:
 
-    python -m asv find --machine MODEL BASE..LAST Softmax.time_device
+    python -m asv find BASE..LAST Softmax.time_device
 
 narrowed to XLA's forward (KERNELPERF_BENCH_IMPLS=xla, KERNELPERF_BENCH_DIRECTIONS=fwd,
-KERNELPERF_BENCH_CASES=--case), and reports whether asv named the planted commit, how many
-commits it benchmarked and the wall time. asv find bisects: it builds and benchmarks about
-log2(commits) + 2 commits, each an install of that commit into the environment.
+KERNELPERF_BENCH_CASES=--case), with no --machine (the kernelperf plug-in names the machine
+by its device model, as for any plain asv command), and reports whether asv named the
+planted commit, how many commits it benchmarked and the wall time. asv find bisects: it
+builds and benchmarks about log2(commits) + 2 commits, each an install of that commit into
+the environment.
 
     python3 scripts/asv_find_planted.py                          # CPU: the CPU bench case
     python3 scripts/asv_find_planted.py --case f32-32768x4096 --out "$OUT"   # on the H100
@@ -104,15 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     repo = work / "repo"
     hashes = scratch_repo(repo, args.commits, args.plant_at, args.repeats)
-    machine = asv_tools.machine_name()
-    asv_tools.register_machine(machine)
+    machine = asv_tools.machine_name()  # the plug-in registers it for asv find (setup hook)
     config = dashboard.asv_config(repo, work / "results", work / "html", branches=["main"],
                                   env_dir=work / "env")
     (work / "asv.conf.json").write_text(json.dumps(config))
     env = {**os.environ, "KERNELPERF_BENCH_IMPLS": "xla", "KERNELPERF_BENCH_DIRECTIONS": "fwd"}
     if args.case:
         env["KERNELPERF_BENCH_CASES"] = args.case
-    command = [sys.executable, "-m", "asv", "find", "--machine", machine, "--show-stderr",
+    command = [sys.executable, "-m", "asv", "find", "--show-stderr",
                f"{hashes[0]}..{hashes[-1]}", r"Softmax\.time_device",
                "--config", str(work / "asv.conf.json")]
     print("+ " + " ".join(command), flush=True)
