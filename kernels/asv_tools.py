@@ -236,6 +236,54 @@ def render(rows: list[Row]) -> str:
     return table(body, ["benchmark", "parameters", "base", "head", "head/base", "verdict"])
 
 
+# The order rows take in the Markdown summary: what a reviewer must look at first.
+VERDICT_ORDER = ("FAILED on head", "slower", "worse (no samples)", "too noisy to tell",
+                 "faster", "better (no samples)", "new", "same (within noise floor)",
+                 "same (no samples)", "same")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render_markdown(rows: list[Row], heading: str) -> str:
+    """The verdict table as GitHub Markdown, for a pull request's job summary.
+
+    A count per verdict, then the rows that changed (failed and slower first) in one table,
+    then the unchanged rows folded in a <details> block, so a suite of hundreds of rows
+    still shows its few changes at once.
+    """
+    def rank(verdict: str) -> int:
+        return VERDICT_ORDER.index(verdict) if verdict in VERDICT_ORDER else len(VERDICT_ORDER)
+
+    def table(selected: list[Row]) -> list[str]:
+        lines = ["| verdict | benchmark | parameters | base | head | head/base |",
+                 "|---|---|---|---:|---:|---:|"]
+        for row in sorted(selected, key=lambda r: (rank(r.verdict), r.benchmark, r.params)):
+            verdict = f"**{row.verdict}**" if row.verdict in ("FAILED on head", "slower") \
+                else row.verdict
+            params = ", ".join(p.strip("'") for p in row.params)
+            lines.append(f"| {verdict} | {_cell(row.benchmark.removeprefix('benchmarks.'))} | "
+                         f"{_cell(params)} | {_format(row.base, row.benchmark)} | "
+                         f"{_format(row.head, row.benchmark)} | "
+                         + (f"{row.ratio:.3f}" if row.ratio is not None else "-") + " |")
+        return lines
+
+    counts = {word: sum(row.verdict == word for row in rows)
+              for word in sorted({row.verdict for row in rows}, key=rank)}
+    lines = [f"### {heading}", "",
+             ", ".join(f"**{n} {word}**" if word in ("FAILED on head", "slower") else
+                       f"{n} {word}" for word, n in counts.items()) or "no results", ""]
+    changed = [row for row in rows if not row.verdict.startswith("same")]
+    same = [row for row in rows if row.verdict.startswith("same")]
+    if changed:
+        lines += [*table(changed), ""]
+    if same:
+        lines += [f"<details><summary>{len(same)} unchanged</summary>", "", *table(same), "",
+                  "</details>", ""]
+    return "\n".join(lines)
+
+
 def exit_status(rows: list[Row]) -> int:
     if any(row.verdict == "FAILED on head" for row in rows):
         return 2
@@ -245,7 +293,10 @@ def exit_status(rows: list[Row]) -> int:
 
 
 def run(base_rev: str, head_rev: str, *, machine: str, results_dir: str = ".asv/results",
-        min_gap: float = DEFAULT_MIN_GAP) -> int:
+        min_gap: float = DEFAULT_MIN_GAP, summary_md: str | None = None) -> int:
+    """Compare two commits' results on `machine` and print the verdict table; its exit status.
+    With `summary_md`, the table is also appended to that file as Markdown (render_markdown;
+    the pull-request workflow passes $GITHUB_STEP_SUMMARY)."""
     base_hash, head_hash = full_hash(base_rev), full_hash(head_rev)
     base = load(results_dir, machine, base_hash)
     head = load(results_dir, machine, head_hash)
@@ -263,6 +314,14 @@ def run(base_rev: str, head_rev: str, *, machine: str, results_dir: str = ".asv/
     words = sorted({row.verdict for row in rows})
     counts = {word: sum(row.verdict == word for row in rows) for word in words}
     print("summary: " + ", ".join(f"{n} {word}" for word, n in counts.items()))
+    if summary_md:
+        heading = (f"asv on {machine}: {base_rev} ({base_hash[:8]}) -> {head_rev} "
+                   f"({head_hash[:8]})")
+        note = (f"Changes under {min_gap:.0%} count as same"
+                + (f", and under each benchmark's noise floor ({len(floors)} learned)."
+                   if floors else "."))
+        with open(summary_md, "a") as out:
+            out.write(render_markdown(rows, heading) + "\n" + note + "\n\n")
     return exit_status(rows)
 
 

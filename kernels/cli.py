@@ -99,14 +99,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     machine = asv_tools.bench(revisions, bench_regex=args.bench)
     if not args.base:
         return 0
-    return asv_tools.run(args.base, args.head, machine=machine, min_gap=args.min_gap)
+    return asv_tools.run(args.base, args.head, machine=machine, min_gap=args.min_gap,
+                         summary_md=args.summary_md)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from kernels import asv_tools
 
     machine = args.machine or asv_tools.machine_name()
-    return asv_tools.run(args.base, args.head, machine=machine, min_gap=args.min_gap)
+    return asv_tools.run(args.base, args.head, machine=machine, min_gap=args.min_gap,
+                         summary_md=args.summary_md)
 
 
 def cmd_noise_floor(args: argparse.Namespace) -> int:
@@ -140,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             sub_parser.add_argument("--machine", help="asv machine (default: this device model)")
         sub_parser.add_argument("--min-gap", type=float, default=0.05,
                                 help="relative change below which rows count as same")
+        sub_parser.add_argument("--summary-md", metavar="PATH", help="also append the verdict "
+                                "table as Markdown to PATH (e.g. $GITHUB_STEP_SUMMARY)")
     floor = sub.add_parser("noise-floor", help="run asv repeatedly on one commit; store each "
                            "benchmark's run-to-run shift, which compare then requires a change "
                            "to exceed")
