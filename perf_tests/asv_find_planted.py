@@ -14,8 +14,8 @@ planted commit, how many commits it benchmarked and the wall time. asv find bise
 builds and benchmarks about log2(commits) + 2 commits, each an install of that commit into
 the environment.
 
-    python3 scripts/asv_find_planted.py                          # CPU: the CPU bench case
-    python3 scripts/asv_find_planted.py --case f32-32768x4096 --out "$OUT"   # on the H100
+    python3 perf_tests/asv_find_planted.py                          # CPU: the CPU bench case
+    python3 perf_tests/asv_find_planted.py --case f32-32768x4096 --out "$OUT"   # on the H100
 
 Needs asv (on a machine without network: carried wheels on PYTHONPATH, which the kernelperf
 environment passes through). Writes find_report.json (and asv's log) to --out. Exit status 0
