@@ -161,13 +161,25 @@ def test_unknown_gpu_uses_measured_ceilings_only_with_a_warning(tmp_path, monkey
     monkeypatch.setenv("KERNELPERF_CACHE", str(tmp_path))
     unknown = dataclasses.replace(fingerprint.fingerprint(), platform="gpu",
                                   name="NVIDIA Imaginary 9000", model="nvidia-imaginary-9000")
-    cached = ceilings.Ceiling("NVIDIA Imaginary 9000", "measured", 1e12, {"bf16": 1e14})
+    cached = ceilings.Ceiling("NVIDIA Imaginary 9000", "measured", 1e12, {"bf16": 1e14},
+                              method=ceilings.default_method(unknown))
     path = ceilings.cache_path(unknown.model)
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"ceiling": cached.to_dict()}))
     with pytest.warns(UserWarning, match="no datasheet entry for 'NVIDIA Imaginary 9000'"):
         sheet, measured = ceilings.for_device(unknown, allow_measure=False)
     assert sheet is None and measured == cached
+
+
+def test_ceilings_cached_by_another_clock_are_not_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELPERF_CACHE", str(tmp_path))
+    device = fingerprint.fingerprint()
+    stale = ceilings.Ceiling(device.name, "measured", 1e12, {"f32": 1e12}, method="cuda-events")
+    path = ceilings.cache_path(device.model)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"ceiling": stale.to_dict()}))
+    with pytest.warns(UserWarning, match="timed by cuda-events, not host-clock: measuring again"):
+        assert ceilings.measured(device, allow_measure=False) is None
 
 
 def test_place_memory_bound_point():

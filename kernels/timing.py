@@ -234,15 +234,19 @@ def _jit(fn):
     return fn if hasattr(fn, "lower") else jax.jit(fn)
 
 
-def callable_timeable(label: str, fn: Callable[[], Any], framework: str) -> Timeable:
-    """A zero-argument torch or JAX callable as a Timeable (ceilings use it)."""
+def callable_timeable(label: str, fn: Callable[..., Any], framework: str,
+                      args: tuple[Any, ...] = ()) -> Timeable:
+    """`fn(*args)` in torch or JAX as a Timeable (ceilings use it). JAX arrays must come as
+    `args`, never closed over: a jitted closure embeds them as constants, and XLA folds
+    what it can (the negation of a captured array of ones became a write-only fill that
+    read as twice the copy bandwidth)."""
     if framework == "torch":
         import torch
 
-        return Timeable(label, "torch", fn, (), torch.cuda.is_available())
+        return Timeable(label, "torch", fn, args, torch.cuda.is_available())
     from kernels import compat
 
-    return Timeable(label, "jax", _jit(fn), (), compat.on_gpu())
+    return Timeable(label, "jax", _jit(fn), args, compat.on_gpu())
 
 
 def l2_bytes(device: fingerprint.Fingerprint) -> int:

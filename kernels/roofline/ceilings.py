@@ -259,28 +259,26 @@ GPU_MATMUL = {"bf16": 8192, "f16": 8192, "tf32": 8192, "f32": 8192}
 CPU_MATMUL = {"f32": 1024}
 
 
-def _copy_kernels(nbytes: int, where: str) -> list[tuple[str, Any, str]]:
-    """(label, zero-argument callable, framework) for copies done by a kernel: torch's
+def _copy_kernels(nbytes: int, where: str) -> list[tuple[str, Any, str, tuple]]:
+    """(label, callable, framework, arguments) for copies done by a kernel: torch's
     elementwise negation and XLA's, each reading and writing `nbytes`."""
     import torch
 
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=where)
     dst = torch.empty_like(src)
-    candidates = [("torch neg", functools.partial(torch.neg, src, out=dst), "torch")]
+    candidates = [("torch neg", functools.partial(torch.neg, src, out=dst), "torch", ())]
     try:
-        import jax
         import jax.numpy as jnp
 
-        x = jnp.ones(nbytes // 4, jnp.float32)
-        negate = jax.jit(jnp.negative)
-        candidates.append(("xla neg", functools.partial(negate, x), "jax"))
+        candidates.append(("xla neg", jnp.negative, "jax",
+                           (jnp.ones(nbytes // 4, jnp.float32),)))
     except ImportError:
         pass
     return candidates
 
 
-def _products(dtype: str, size: int, where: str) -> list[tuple[str, Any, str]]:
-    """(label, zero-argument callable, framework) for a size^3 product in `dtype`: torch's,
+def _products(dtype: str, size: int, where: str) -> list[tuple[str, Any, str, tuple]]:
+    """(label, callable, framework, arguments) for a size^3 product in `dtype`: torch's,
     and XLA's for the 16-bit types (whose precision both take the same way)."""
     import torch
 
@@ -288,16 +286,14 @@ def _products(dtype: str, size: int, where: str) -> list[tuple[str, Any, str]]:
                     "f32": torch.float32}
     a = torch.randn(size, size, device=where).to(torch_dtypes[dtype])
     b = torch.randn(size, size, device=where).to(torch_dtypes[dtype])
-    candidates = [(f"torch matmul {dtype}", lambda: a @ b, "torch")]
+    candidates = [(f"torch matmul {dtype}", torch.matmul, "torch", (a, b))]
     if dtype in ("bf16", "f16"):
-        import jax
         import jax.numpy as jnp
 
         from kernels import frameworks
 
-        ja, jb = (jnp.asarray(frameworks.torch_to_numpy(t)) for t in (a, b))
-        product = jax.jit(jnp.matmul)
-        candidates.append((f"xla matmul {dtype}", functools.partial(product, ja, jb), "jax"))
+        candidates.append((f"xla matmul {dtype}", jnp.matmul, "jax",
+                           tuple(jnp.asarray(frameworks.torch_to_numpy(t)) for t in (a, b))))
     return candidates
 
 
@@ -314,9 +310,9 @@ def measure(device: fingerprint_module.Fingerprint | None = None) -> Ceiling:
     rule = timing.StoppingRule(min_samples=5, time_budget_s=3.0 if gpu else 1.0)
 
     def best(candidates, regime: str) -> tuple[float, str, str]:
-        runs = [timing.time_timeable(timing.callable_timeable(label, fn, framework),
+        runs = [timing.time_timeable(timing.callable_timeable(label, fn, framework, args),
                                      regime=regime, rule=rule, device=device)
-                for label, fn, framework in candidates]
+                for label, fn, framework, args in candidates]
         mixed = timing.comparable(*runs)
         if mixed:
             raise RuntimeError(f"measured ceilings: {mixed}")
