@@ -273,6 +273,16 @@ def judge(*, label: str, device: fingerprint.Fingerprint, measured: timing.Measu
                    value=value, floor=floor, **common)
 
 
+def parallel_reason() -> str | None:
+    """Why floors cannot be judged in this process: pytest-xdist workers share the device, so
+    a kernel's time is not its own (pytest-benchmark records nothing under xdist either)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers <= 1:
+        return None
+    return (f"{workers} pytest-xdist workers share the device, so timings are not the "
+            f"kernel's alone: floors are checked in a serial run (-p no:xdist, or -n 0)")
+
+
 def compare_refusal(saved_extra: Mapping[str, Any], saved_device: Mapping[str, Any] | None,
                     measured: timing.Measurement, device: fingerprint.Fingerprint,
                     source: str) -> str | None:

@@ -192,3 +192,10 @@ def test_device_clock_advances_by_exactly_each_sample_and_no_further():
 def test_storage_is_per_device_model():
     assert perfcheck.default_storage("nvidia-h100-80gb-hbm3") == \
         "file://./.benchmarks/nvidia-h100-80gb-hbm3"
+
+
+def test_floors_are_not_judged_while_xdist_workers_share_the_device(monkeypatch):
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "4")
+    assert "4 pytest-xdist workers share the device" in perfcheck.parallel_reason()
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "1")
+    assert perfcheck.parallel_reason() is None
