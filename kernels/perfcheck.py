@@ -132,6 +132,7 @@ class PerfSession:
     def __init__(self, device: fingerprint.Fingerprint, rule: timing.StoppingRule):
         self.device, self.rule = device, rule
         self._measurements: dict[tuple[str, str, str], timing.Measurement] = {}
+        self._errors: dict[tuple[str, str, str], str] = {}
         self._inputs: tuple[tuple[str, str], tuple[np.ndarray, ...]] | None = None
 
     def _inputs_for(self, case: registry.Case) -> tuple[np.ndarray, ...]:
@@ -151,6 +152,26 @@ class PerfSession:
             self._measurements[key] = timing.time_timeable(timeable, rule=self.rule,
                                                            device=self.device)
         return self._measurements[key]
+
+    def measure_baselines(self, impl: registry.Implementation, case: registry.Case,
+                          direction: str) -> tuple[dict[str, timing.Measurement], dict[str, str]]:
+        """({name: measurement}, {name: error}) of the operation's baselines on this case.
+
+        A baseline that raises is the peer's problem, not our kernel's: it is left out
+        and named with its error in the verdict (where a floor then has no baseline to
+        compare with, the verdict is a refusal, which fails).
+        """
+        measured, errors = {}, {}
+        for peer in baselines_for(impl, case, direction):
+            key = (peer.id, case.id, direction)
+            if key in self._errors:
+                errors[peer.name] = self._errors[key]
+                continue
+            try:
+                measured[peer.name] = self.measure(peer, case, direction)
+            except Exception as error:  # reported in the verdict and extra_info, never hidden
+                self._errors[key] = errors[peer.name] = f"{type(error).__name__}: {error}"
+        return measured, errors
 
 
 def placements(impl: registry.Implementation, case: registry.Case, direction: str,
@@ -209,7 +230,8 @@ def describe_measurement(m: timing.Measurement) -> str:
 
 def judge(*, label: str, device: fingerprint.Fingerprint, measured: timing.Measurement,
           baselines: Mapping[str, timing.Measurement], placement: model.Placement | None,
-          floor: floors.Floor | None, has_floors: bool) -> Verdict:
+          floor: floors.Floor | None, has_floors: bool,
+          baseline_errors: Mapping[str, str] | None = None) -> Verdict:
     """The kernel's measurement against its floor.
 
     Baselines timed by another method than the kernel are left out of every
@@ -234,6 +256,8 @@ def judge(*, label: str, device: fingerprint.Fingerprint, measured: timing.Measu
     if refused:
         lines.append(f"not compared (another clock than {measured.method}): "
                      f"{', '.join(refused)}")
+    for name, error in (baseline_errors or {}).items():
+        lines.append(f"baseline {name} could not be timed: {error.splitlines()[0][:300]}")
     common = dict(method=measured.method, speedup=speedup, best_baseline=best,
                   refused_baselines=refused)
     if floor is None:
@@ -255,7 +279,8 @@ def judge(*, label: str, device: fingerprint.Fingerprint, measured: timing.Measu
     else:
         peer = floor.baseline or best
         if peer is None or peer not in same:
-            available = ", ".join(f"{n} ({m.method})" for n, m in baselines.items()) or "none"
+            available = ", ".join([*(f"{n} ({m.method})" for n, m in baselines.items()),
+                                   *(f"{n} (failed)" for n in baseline_errors or {})]) or "none"
             message = (f"{label}: refusing to compare with "
                        f"{'baseline ' + floor.baseline if floor.baseline else 'a baseline'}: "
                        f"{label} was timed by {measured.method}, and no such baseline was "
@@ -303,7 +328,8 @@ def compare_refusal(saved_extra: Mapping[str, Any], saved_device: Mapping[str, A
 def extra_info(*, measured: timing.Measurement, work: registry.Work,
                sheet: model.Placement | None, measured_roof: model.Placement | None,
                verdict: Verdict, baselines: Mapping[str, timing.Measurement],
-               device: fingerprint.Fingerprint) -> dict[str, Any]:
+               device: fingerprint.Fingerprint,
+               baseline_errors: Mapping[str, str] | None = None) -> dict[str, Any]:
     """What each pytest-benchmark record carries beside its device-time statistics."""
     primary = sheet or measured_roof
 
@@ -326,6 +352,7 @@ def extra_info(*, measured: timing.Measurement, work: registry.Work,
         "best_baseline": verdict.best_baseline,
         "baselines": {name: {"median_s": m.median_s, "method": m.method, "cv": finite(m.cv)}
                       for name, m in baselines.items()},
+        "baseline_errors": dict(baseline_errors or {}),
         "floor": dataclasses.asdict(verdict.floor) if verdict.floor else None,
         "floor_value": verdict.value,
         "floor_verdict": verdict.status,

@@ -199,3 +199,16 @@ def test_floors_are_not_judged_while_xdist_workers_share_the_device(monkeypatch)
     assert "4 pytest-xdist workers share the device" in perfcheck.parallel_reason()
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "1")
     assert perfcheck.parallel_reason() is None
+
+
+def test_a_baseline_that_could_not_be_timed_is_named_and_never_passes_a_floor():
+    op, _, case = _softmax("f32-256x1024")
+    floor = floors.floor_for(H100, "softmax", "pallas", case.id, "fwd")
+    verdict = perfcheck.judge(label="softmax-pallas-f32-256x1024-fwd", device=_device(),
+                              measured=_measurement(2.0e-6), baselines={},
+                              placement=_sheet_placement(op, case, 2.0e-6), floor=floor,
+                              has_floors=True,
+                              baseline_errors={"xla": "RuntimeError: out of memory"})
+    assert verdict.status == "refused"
+    assert "xla (failed)" in verdict.message
+    assert "baseline xla could not be timed: RuntimeError: out of memory" in verdict.message

@@ -43,8 +43,8 @@ def test_kernel_performance(perf_id: str, perf_session: perfcheck.PerfSession, b
     item = ITEMS[perf_id]
     device = perf_session.device
     measured = perf_session.measure(item.impl, item.case, item.direction)
-    baselines = {peer.name: perf_session.measure(peer, item.case, item.direction)
-                 for peer in perfcheck.baselines_for(item.impl, item.case, item.direction)}
+    baselines, baseline_errors = perf_session.measure_baselines(item.impl, item.case,
+                                                                item.direction)
     sheet, measured_roof = perfcheck.placements(item.impl, item.case, item.direction,
                                                 measured.median_s, device)
     table = floors.table(device.name) if device.platform == "gpu" else None
@@ -52,11 +52,11 @@ def test_kernel_performance(perf_id: str, perf_session: perfcheck.PerfSession, b
                              item.direction) if table else None
     verdict = perfcheck.judge(label=item.id, device=device, measured=measured,
                               baselines=baselines, placement=sheet, floor=floor,
-                              has_floors=table is not None)
+                              has_floors=table is not None, baseline_errors=baseline_errors)
     work = registry.operation(item.impl.op).work(item.case, item.direction)
     perfcheck.record(benchmark, measured, perfcheck.extra_info(
         measured=measured, work=work, sheet=sheet, measured_roof=measured_roof,
-        verdict=verdict, baselines=baselines, device=device))
+        verdict=verdict, baselines=baselines, device=device, baseline_errors=baseline_errors))
     report_verdict(item.id, verdict)
     if saved_record is not None:
         refusal = perfcheck.compare_refusal(*saved_record[:2], measured, device,
