@@ -91,8 +91,9 @@ def perf_items(machine: devices.Machine | None = None) -> list[PerfItem]:
                     if reason is None and not machine.has_gpu \
                             and (op.name, impl.name) not in CPU_IMPLEMENTATIONS:
                         names = ", ".join(f"{o}-{i}" for o, i in sorted(CPU_IMPLEMENTATIONS))
-                        reason = (f"on CPU only {names} are timed (interpreted kernels take "
-                                  f"up to seconds per call); a GPU times every kernel")
+                        reason = (f"on CPU the perf tests time only {names} (interpreted "
+                                  f"kernels take up to seconds per call); a GPU times every "
+                                  f"kernel")
                     items.append(PerfItem(impl, case, direction, reason))
     return items
 

@@ -62,7 +62,8 @@ EOF
 
 # The end-of-run table of values against floors, and pytest-benchmark's regression lines.
 report() {
-  sed -n '/= kernelperf floors =/,/^$/p' "$1" | tee -a "$OUT/summary.txt"
+  awk '/= kernelperf floors =/ {on = 1; print; next} on && /^$/ && rows {exit}
+       on && NF {print; rows++}' "$1" | tee -a "$OUT/summary.txt"
   sed -n '/^Performance has regressed:/,/^---/p' "$1" | tee -a "$OUT/summary.txt"
 }
 
