@@ -20,6 +20,12 @@ cd "$ROOT" || exit 2
 OUT=${OUT:-$ROOT/gpu-verify-out}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
+# pygal and pygaljs for the histograms, where carried as wheels (../shared/device/wheels.sh
+# pygal pygaljs; carry .whl): the GPU image does not have them.
+if ls .whl/pygal-*.whl >/dev/null 2>&1 && ! "$PY" -c 'import pygal' 2>/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --target /tmp/pygal-site .whl/pygal*.whl \
+    && export PYTHONPATH=/tmp/pygal-site${PYTHONPATH:+:$PYTHONPATH}
+fi
 PHASES=("$@")
 [ ${#PHASES[@]} -gt 0 ] || PHASES=(run1 run2 plant)
 K_ARGS=()
