@@ -23,7 +23,9 @@ mkdir -p "$OUT"
 # pygal and pygaljs for the histograms, where carried as wheels (../shared/device/wheels.sh
 # pygal pygaljs; carry .whl): the GPU image does not have them.
 if ls .whl/pygal-*.whl >/dev/null 2>&1 && ! "$PY" -c 'import pygal' 2>/dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --target /tmp/pygal-site .whl/pygal*.whl \
+  wheels=(.whl/pygal*.whl); for dep in importlib_metadata zipp lazy_importer; do
+    ls .whl/${dep}-*.whl >/dev/null 2>&1 && wheels+=(.whl/${dep}-*.whl); done
+  "$PY" -m pip install -q --no-index --no-deps --target /tmp/pygal-site "${wheels[@]}" \
     && export PYTHONPATH=/tmp/pygal-site${PYTHONPATH:+:$PYTHONPATH}
 fi
 PHASES=("$@")
