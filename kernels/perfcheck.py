@@ -271,6 +271,13 @@ def judge(*, label: str, device: fingerprint.Fingerprint, measured: timing.Measu
             why = (f"no floors for GPU model {device_name!r} in kernels/roofline/floors.py: "
                    f"numbers recorded, floor check skipped")
         return Verdict(status="skipped", message="\n".join([why, *lines]), **common)
+    if device.platform == "gpu" and measured.method == "host-clock":
+        # Host time on a GPU counts dispatch and Python (a 1.8 us kernel read 38.9 us): a
+        # floor in device time cannot be judged from it, either way.
+        message = (f"{label}: refusing to judge a floor from the host clock on a GPU (no "
+                   f"device clock was available for it); floors are device time")
+        return Verdict(status="refused", message="\n".join([message, *lines]), floor=floor,
+                       **common)
     if floor.against == "roofline":
         if placement is None:
             raise ValueError(f"floor of {label} is a fraction of the roofline, but "

@@ -212,3 +212,12 @@ def test_a_baseline_that_could_not_be_timed_is_named_and_never_passes_a_floor():
     assert verdict.status == "refused"
     assert "xla (failed)" in verdict.message
     assert "baseline xla could not be timed: RuntimeError: out of memory" in verdict.message
+
+
+def test_a_gpu_kernel_timed_by_the_host_clock_is_refused_not_judged():
+    op, _, case = _softmax()
+    floor = floors.floor_for(H100, "softmax", "pallas", case.id, "fwd")
+    host = _measurement(355e-6, "host-clock")
+    verdict = _judge(host, {"xla": _measurement(358e-6, "host-clock")},
+                     _sheet_placement(op, case, host.median_s), floor)
+    assert verdict.status == "refused" and "host clock on a GPU" in verdict.message
