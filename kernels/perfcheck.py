@@ -1,7 +1,7 @@
 """Performance checks for pytest: which kernels are timed, their verdict against a floor, and
 the device clock that feeds pytest-benchmark.
 
-`perf_tests/test_performance.py` times each of our kernels (not baselines) on
+`perf_tests/tests/test_performance.py` times each of our kernels (not baselines) on
 the operation's "bench" cases for this platform, forward and backward,
 together with the operation's baselines in the same process (each measured
 once per session), through `kernels.timing`. `judge` then compares the kernel

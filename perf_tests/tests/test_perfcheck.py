@@ -7,6 +7,7 @@ test_performance.py rely on them to fail a slow kernel and nothing else.
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 
 import pytest
 
@@ -221,3 +222,9 @@ def test_a_gpu_kernel_timed_by_the_host_clock_is_refused_not_judged():
     verdict = _judge(host, {"xla": _measurement(358e-6, "host-clock")},
                      _sheet_placement(op, case, host.median_s), floor)
     assert verdict.status == "refused" and "host clock on a GPU" in verdict.message
+
+
+def test_asv_does_not_import_the_pytest_side():
+    # asv's discovery imports every module of the perf_tests package (benchmark_dir).
+    here = pathlib.Path(__file__).parent
+    assert (here.parent / "__init__.py").exists() and not (here / "__init__.py").exists()

@@ -5,7 +5,7 @@ under xdist, which `make test` uses): it must save the device-time samples
 with its extra info and the device fingerprint; then, against a saved run made
 twice as fast and marked as taken by another clock, the next run must exit 1
 with both pytest-benchmark's `--benchmark-compare-fail` message and our
-refusal to compare clocks. On a GPU, perf_tests/gpu_verify.sh does this at
+refusal to compare clocks. On a GPU, perf_tests/tests/gpu_verify.sh does this at
 real size with a slowdown planted in the kernel.
 """
 
@@ -21,7 +21,7 @@ import pytest
 
 from kernels import devices, perfcheck
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 ITEM = "softmax-pallas-f32-64x1000-fwd"
 STATS = ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "iqr_outliers",
          "stddev_outliers", "outliers", "ld15iqr", "hd15iqr", "ops", "total", "data",
@@ -30,7 +30,7 @@ STATS = ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "iqr_outli
 pytestmark = [
     pytest.mark.perf,
     pytest.mark.skipif(devices.this_machine().has_gpu,
-                       reason="CPU round trip; on a GPU perf_tests/gpu_verify.sh does it at "
+                       reason="CPU round trip; on a GPU perf_tests/tests/gpu_verify.sh does it at "
                               "real size"),
 ]
 
@@ -40,7 +40,7 @@ def _pytest(*args: str) -> subprocess.CompletedProcess:
     # pytest-benchmark disable itself there).
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     env[perfcheck.BUDGET_VARIABLE] = "0.05"
-    command = [sys.executable, "-m", "pytest", "perf_tests/test_performance.py", "-k", ITEM,
+    command = [sys.executable, "-m", "pytest", "perf_tests/tests/test_performance.py", "-k", ITEM,
                "-p", "no:xdist", "-p", "no:cacheprovider", *args]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)

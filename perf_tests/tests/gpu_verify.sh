@@ -8,14 +8,14 @@
 #          planted ones compared: the floor check and --benchmark-compare-fail must fail
 # Logs, JUnit XML and pytest-benchmark's JSON go to $OUT (default ./gpu-verify-out).
 #
-#   bash perf_tests/gpu_verify.sh                  # run1, run2, plant
-#   bash perf_tests/gpu_verify.sh run1             # one phase (run2 needs run1's history)
-#   PERF_K="softmax or mlp" bash perf_tests/gpu_verify.sh run1    # narrowed (pytest -k)
+#   bash perf_tests/tests/gpu_verify.sh                  # run1, run2, plant
+#   bash perf_tests/tests/gpu_verify.sh run1             # one phase (run2 needs run1's history)
+#   PERF_K="softmax or mlp" bash perf_tests/tests/gpu_verify.sh run1    # narrowed (pytest -k)
 #   KERNELPERF_PERF_BUDGET=1.0                     # seconds of sampling per measurement
 # On CPU (a dry run of this script: floors skip there, the compare still fails):
-#   PERF_MARK=perf PLANT_K=softmax-pallas-f32-64x1000 PLANT_COLS=256 bash perf_tests/gpu_verify.sh
+#   PERF_MARK=perf PLANT_K=softmax-pallas-f32-64x1000 PLANT_COLS=256 bash perf_tests/tests/gpu_verify.sh
 set -uo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT" || exit 2
 OUT=${OUT:-$ROOT/gpu-verify-out}
 PY=${PYTHON:-python3}

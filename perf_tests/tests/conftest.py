@@ -1,5 +1,11 @@
 """pytest set-up of the performance tests: device, measurements, pytest-benchmark's storage.
 
+This folder has no __init__.py on purpose: asv imports every module of the
+perf_tests package while discovering benchmarks, and these are pytest's, not
+asv's. Its name starts with "test" so pytest loads this conftest before
+pytest-benchmark opens its storage (pytest's initial conftests include the
+test* folders of each testpath).
+
 History is kept per device model: unless `--benchmark-storage` is given, runs are
 saved under `.benchmarks/<model>/` (e.g. `.benchmarks/nvidia-h100-80gb-hbm3/`),
 and every saved run carries the device fingerprint in its machine_info. When a
