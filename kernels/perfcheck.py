@@ -198,8 +198,9 @@ def placements(impl: registry.Implementation, case: registry.Case, direction: st
 class Verdict:
     """The floor check of one kernel measurement.
 
-    status: "pass", "fail", "refused" (no baseline timed by the same clock) or
-        "skipped" (no floor for this GPU model or this kernel).
+    status: "pass", "fail", "refused" (the floor needs a baseline and none was timed
+        by the same clock, or the kernel had only the host clock on a GPU: a failure
+        too) or "skipped" (a CPU, no floors for this GPU model, or none for this kernel).
     value: what was compared with the floor (a fraction of the roofline, or the
         baseline's time over ours); None when not checked.
     """
