@@ -9,8 +9,11 @@
 # Logs, JUnit XML and pytest-benchmark's JSON go to $OUT (default ./gpu-verify-out).
 #
 #   bash perf_tests/tests/gpu_verify.sh                  # run1, run2, plant
-#   bash perf_tests/tests/gpu_verify.sh run1             # one phase (run2 needs run1's history)
-#   PERF_K="softmax or mlp" bash perf_tests/tests/gpu_verify.sh run1    # narrowed (pytest -k)
+#   bash perf_tests/tests/gpu_verify.sh run1             # one phase per call (10-minute limits);
+#   bash perf_tests/tests/gpu_verify.sh run2             # run2 needs run1's history and logs,
+#   bash perf_tests/tests/gpu_verify.sh plant            # kept in .benchmarks/ (git-ignored)
+#   PERF_K="softmax or mlp" bash perf_tests/tests/gpu_verify.sh run1    # narrowed (pytest -k);
+#                                      # run2 with the same PERF_K is compared with that run1
 #   KERNELPERF_PERF_BUDGET=1.0                     # seconds of sampling per measurement
 # On CPU (a dry run of this script: floors skip there, the compare still fails):
 #   PERF_MARK=perf PLANT_K=softmax-pallas-f32-64x1000 PLANT_COLS=256 bash perf_tests/tests/gpu_verify.sh
@@ -19,7 +22,10 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT" || exit 2
 OUT=${OUT:-$ROOT/gpu-verify-out}
 PY=${PYTHON:-python3}
-mkdir -p "$OUT"
+# Run logs and JUnit files also go to STATE, which outlives one device call ($OUT is new each
+# call; .benchmarks/ is ignored by git, so a warm machine keeps it): run2 reads run1's there.
+STATE=$ROOT/.benchmarks/gpu-verify
+mkdir -p "$OUT" "$STATE"
 # pygal and pygaljs for the histograms, where carried as wheels (../shared/device/wheels.sh
 # pygal pygaljs; carry .whl): the GPU image does not have them.
 if ls .whl/pygal-*.whl >/dev/null 2>&1 && ! "$PY" -c 'import pygal' 2>/dev/null; then
@@ -32,6 +38,8 @@ PHASES=("$@")
 [ ${#PHASES[@]} -gt 0 ] || PHASES=(run1 run2 plant)
 K_ARGS=()
 [ -n "${PERF_K:-}" ] && K_ARGS=(-k "$PERF_K")
+# Runs narrowed by PERF_K are kept apart: run2 of "softmax or mlp" is compared with its run1.
+PART=$(echo "${PERF_K:-all}" | tr -c 'A-Za-z0-9_\n-' '_')
 PERF_MARK=${PERF_MARK:-gpu and perf}
 PLANT_K=${PLANT_K:-softmax-pallas-f32-32768x4096 or softmax-pallas-bf16-32768x4096}
 PLANT_COLS=${PLANT_COLS:-1024}
@@ -80,9 +88,10 @@ run_suite() {  # name, extra pytest arguments...
   log "$name: $PY -m pytest ${PYTEST[*]} ${K_ARGS[*]} $*"
   gpu_state
   local start=$SECONDS
-  "$PY" -m pytest "${PYTEST[@]}" "${K_ARGS[@]}" --junitxml="$OUT/$name.xml" "$@" \
-    >"$OUT/$name.log" 2>&1
+  "$PY" -m pytest "${PYTEST[@]}" "${K_ARGS[@]}" --junitxml="$STATE/$name.xml" "$@" \
+    >"$STATE/$name.log" 2>&1
   local rc=$?
+  cp "$STATE/$name.xml" "$STATE/$name.log" "$OUT/"
   log "$name: exit status $rc after $((SECONDS - start)) s"
   gpu_state
   junit_summary "$OUT/$name.xml"
@@ -91,12 +100,19 @@ run_suite() {  # name, extra pytest arguments...
 }
 
 phase_run1() {
-  run_suite run1 --benchmark-autosave
+  run_suite "run1-$PART" --benchmark-autosave
 }
 
 phase_run2() {
-  run_suite run2 --benchmark-autosave --benchmark-compare --benchmark-compare-fail=median:5%
-  "$PY" - "$OUT/run1.xml" "$OUT/run2.xml" <<'EOF' | tee -a "$OUT/summary.txt"
+  # Compared with every run saved before (on a fresh machine: run1, whole or in parts).
+  run_suite "run2-$PART" --benchmark-autosave --benchmark-compare='*' \
+    --benchmark-compare-fail=median:5%
+  local rc=$?
+  if [ ! -f "$STATE/run1-$PART.xml" ]; then
+    log "run2: no run1-$PART.xml in $STATE (machine not kept warm?): no flake check"
+    return 1
+  fi
+  "$PY" - "$STATE/run1-$PART.xml" "$STATE/run2-$PART.xml" <<'EOF' | tee -a "$OUT/summary.txt"
 import sys
 import xml.etree.ElementTree as ET
 
@@ -125,6 +141,7 @@ EOF
   else
     log "pytest-benchmark compare --histogram needs pygal (not installed here); skipped"
   fi
+  return $rc
 }
 
 phase_plant() {
