@@ -28,7 +28,11 @@ VERDICTS = pytest.StashKey[list]()
 
 def pytest_configure(config: pytest.Config) -> None:
     # Runs before pytest-benchmark's own pytest_configure (trylast), which opens the storage.
-    if config.getoption("benchmark_storage", None) == DEFAULT_STORAGE:
+    # The device is read only when history is saved or compared: on a GPU, reading it here
+    # would give pytest's own process (an xdist controller, say) a CUDA context.
+    history = any(config.getoption(name, None) for name in
+                  ("benchmark_save", "benchmark_autosave", "benchmark_compare"))
+    if history and config.getoption("benchmark_storage", None) == DEFAULT_STORAGE:
         config.option.benchmark_storage = perfcheck.default_storage(
             fingerprint.fingerprint().model)
     config.stash[VERDICTS] = []
