@@ -3,7 +3,7 @@
 Runs one real perf item in a child pytest (pytest-benchmark records nothing
 under xdist, which `make test` uses): it must save the device-time samples
 with its extra info and the device fingerprint; then, against a saved run made
-twice as fast and marked as taken by another clock, the next run must exit 1
+100 times faster and marked as taken by another clock, the next run must exit 1
 with both pytest-benchmark's `--benchmark-compare-fail` message and our
 refusal to compare clocks. On a GPU, perf_tests/tests/gpu_verify.sh does this at
 real size with a slowdown planted in the kernel.
@@ -23,6 +23,7 @@ from kernels import devices, perfcheck
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ITEM = "softmax-pallas-f32-64x1000-fwd"
+SPEEDUP = 100.0
 STATS = ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "iqr_outliers",
          "stddev_outliers", "outliers", "ld15iqr", "hd15iqr", "ops", "total", "data",
          "iterations", "rounds")
@@ -70,14 +71,15 @@ def test_saved_history_then_a_slower_run_fails_the_compare(tmp_path):
     (saved_path,) = (tmp_path / "history").glob("*/0001_*.json")
     saved = json.loads(saved_path.read_text())
     (saved_bench,) = saved["benchmarks"]
-    # The plant: the saved run twice as fast as this one, and taken by another clock.
+    # The plant: the saved run 100 times faster than this one (far beyond the host clock's
+    # run-to-run swings on a shared CPU, up to 4x seen), and taken by another clock.
     for key in STATS:
         value = saved_bench["stats"].get(key)
         if key in ("median", "min", "max", "mean", "stddev", "iqr", "q1", "q3", "ld15iqr",
                    "hd15iqr", "total"):
-            saved_bench["stats"][key] = value / 2
+            saved_bench["stats"][key] = value / SPEEDUP
         elif key == "ops":
-            saved_bench["stats"][key] = value * 2
+            saved_bench["stats"][key] = value * SPEEDUP
     saved_bench["extra_info"]["clock_method"] = "cupti"
     saved_path.write_text(json.dumps(saved))
 
