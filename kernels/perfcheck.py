@@ -176,15 +176,17 @@ class PerfSession:
 
 
 def placements(impl: registry.Implementation, case: registry.Case, direction: str,
-               seconds: float, device: fingerprint.Fingerprint
+               seconds: float, method: str, device: fingerprint.Fingerprint
                ) -> tuple[model.Placement | None, model.Placement | None]:
-    """(datasheet, measured) placements of a time under this device's roofs.
+    """(datasheet, measured) placements of a time taken by `method` under this device's roofs.
 
     Floors use the datasheet roofs: fixed numbers, the same for every run. Measured
-    ceilings are used where cached (a GPU; they were taken by whichever clock was the
-    default then) and measured on a CPU, which has no datasheet (about 2 s, cached).
+    ceilings are used where cached on a GPU (and only if timed by `method`), and
+    measured on a CPU, which has no datasheet (about 2 s, cached).
     """
     sheet, measured = ceilings.for_device(device, allow_measure=device.platform != "gpu")
+    if measured is not None and measured.method != method:
+        measured = None  # a roof timed by another clock than the point is not its roof
     work = registry.operation(impl.op).work(case, direction)
     found = []
     for ceiling in (sheet, measured):
@@ -257,7 +259,7 @@ def judge(*, label: str, device: fingerprint.Fingerprint, measured: timing.Measu
                      f"{m.median_s / measured.median_s:.3f}x its speed")
     if refused:
         lines.append(f"not compared (another clock than {measured.method}): "
-                     f"{', '.join(refused)}")
+                     f"{', '.join(refused)}; {timing.comparable(measured, *baselines.values())}")
     for name, error in (baseline_errors or {}).items():
         lines.append(f"baseline {name} could not be timed: {error.splitlines()[0][:300]}")
     common = dict(method=measured.method, speedup=speedup, best_baseline=best,

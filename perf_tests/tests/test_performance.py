@@ -46,7 +46,7 @@ def test_kernel_performance(perf_id: str, perf_session: perfcheck.PerfSession, b
     baselines, baseline_errors = perf_session.measure_baselines(item.impl, item.case,
                                                                 item.direction)
     sheet, measured_roof = perfcheck.placements(item.impl, item.case, item.direction,
-                                                measured.median_s, device)
+                                                measured.median_s, measured.method, device)
     table = floors.table(device.name) if device.platform == "gpu" else None
     floor = floors.floor_for(device.name, item.impl.op, item.impl.name, item.case.id,
                              item.direction) if table else None
