@@ -6,8 +6,9 @@ machine, or where the kernel needs one): `pytest -m gpu` runs them,
 `pytest -m "gpu and not perf"` leaves them out. Each item times the kernel and
 the operation's baselines in this process (kernels.perfcheck), records the
 kernel's device-time samples through pytest-benchmark, then checks the floor
-for this GPU model; on CPU, on a model without floors, or under several xdist
-workers (which share the device), it records and skips the check with the reason.
+for this GPU model; on CPU, or on a model without floors, it records and skips
+the check with the reason. Under several xdist workers (which share the device)
+it skips at once, naming them: run the perf tests serially.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ def _params() -> list:
 @pytest.mark.parametrize("perf_id", _params())
 def test_kernel_performance(perf_id: str, perf_session: perfcheck.PerfSession, benchmark,
                             saved_record, report_verdict) -> None:
+    parallel = perfcheck.parallel_reason()
+    if parallel:  # nothing to judge, and pytest-benchmark records nothing under xdist
+        pytest.skip(parallel)
     item = ITEMS[perf_id]
     device = perf_session.device
     measured = perf_session.measure(item.impl, item.case, item.direction)
@@ -65,8 +69,5 @@ def test_kernel_performance(perf_id: str, perf_session: perfcheck.PerfSession, b
             pytest.fail(refusal, pytrace=False)
     if verdict.status == "skipped":
         pytest.skip(verdict.message.splitlines()[0])
-    parallel = perfcheck.parallel_reason()
-    if parallel:
-        pytest.skip(f"{parallel}; here: {verdict.message.splitlines()[0]}")
     if verdict.status != "pass":
         pytest.fail(verdict.message, pytrace=False)
