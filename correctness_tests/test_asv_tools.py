@@ -192,3 +192,11 @@ def test_a_benchmark_prepares_its_timing_once_however_often_asv_reruns_setup(mon
     assert len(prepared) == 1
     assert benchmarks.DeviceClock.now > before
     benchmarks._sampler.cache_clear()
+
+
+def test_asv_benchmark_dir_holds_only_the_benchmarks():
+    """asv imports every module of its benchmark directory, in name order, in each benchmark
+    process: a helper there that puts the checkout on sys.path and imports `kernels` made
+    every commit run the working tree's code (a planted slowdown measured 1.000 on the H100)."""
+    modules = sorted(p.name for p in (pathlib.Path(__file__).parents[1] / "perf_tests").glob("*.py"))
+    assert modules == ["__init__.py", "benchmarks.py"], modules

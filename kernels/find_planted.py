@@ -14,8 +14,8 @@ planted commit, how many commits it benchmarked and the wall time. asv find bise
 builds and benchmarks about log2(commits) + 2 commits, each an install of that commit into
 the environment.
 
-    python3 perf_tests/asv_find_planted.py                          # CPU: the CPU bench case
-    python3 perf_tests/asv_find_planted.py --case f32-32768x4096 --out "$OUT"   # on the H100
+    python3 -m kernels.find_planted                          # CPU: the CPU bench case
+    python3 -m kernels.find_planted --case f32-32768x4096 --out "$OUT"   # on the H100
 
 Needs asv (on a machine without network: carried wheels on PYTHONPATH, which the kernelperf
 environment passes through). Writes find_report.json (and asv's log) to --out. Exit status 0
@@ -35,10 +35,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run as a script: this checkout's `kernels`
+from kernels import asv_tools, dashboard
 
-from kernels import asv_tools, dashboard  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 # Never copied into the scratch repository: build outputs, environments, results.
 SKIP = {".git", ".asv", ".venv", ".whl", "__pycache__", ".pytest_cache", ".ruff_cache", "build",
