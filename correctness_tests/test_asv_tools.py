@@ -198,5 +198,6 @@ def test_asv_benchmark_dir_holds_only_the_benchmarks():
     """asv imports every module of its benchmark directory, in name order, in each benchmark
     process: a helper there that puts the checkout on sys.path and imports `kernels` made
     every commit run the working tree's code (a planted slowdown measured 1.000 on the H100)."""
-    modules = sorted(p.name for p in (pathlib.Path(__file__).parents[1] / "perf_tests").glob("*.py"))
+    bench_dir = pathlib.Path(__file__).parents[1] / "perf_tests"
+    modules = sorted(p.name for p in bench_dir.glob("*.py"))
     assert modules == ["__init__.py", "benchmarks.py"], modules
