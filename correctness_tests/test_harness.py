@@ -339,3 +339,61 @@ def test_check_times_its_phases(planted):
     assert set(phases.PHASES) <= set(timer.seconds)
     assert timer.seconds["jax_compile"] > 0  # a fresh jit of a fresh function compiles
     assert timer.total == pytest.approx(sum(timer.seconds[p] for p in phases.PHASES))
+
+
+def _last_column_wrong(y):
+    """The last entry of every row moved: 1.5 y + 0.01 (NaN-free, wrong in every case)."""
+    return y.at[..., -1].set(y[..., -1] * 1.5 + 0.01)
+
+
+REAL_SIZE_CASE = registry.make_case("softmax", "f32", {"rows": 32768, "cols": 4096},
+                                    tags=["gpu"])
+REAL_SIZE_FAULTS = {
+    "one-nan": (lambda x: jax.nn.softmax(x, axis=-1).at[12345, 678].set(jnp.nan),
+                r"output: 1 of 134217728 elements are NaN/inf .* first at \(12345, 678\)"),
+    "one-element-off": (lambda x: jax.nn.softmax(x, axis=-1).at[20000, 5].add(1e-3),
+                        r"output: .* worst at \(20000, 5\)"),
+    "last-column": (lambda x: _last_column_wrong(jax.nn.softmax(x, axis=-1)), "output: rel"),
+    "zeros": (lambda x: jnp.zeros_like(x), "all zeros"),
+    "wrong-gradient": (_grad_scaled(0.99), r"dx: rel \d\.\d+e-03"),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not devices.this_machine().has_gpu, reason="needs a CUDA GPU (real size)")
+def test_planted_faults_are_caught_at_real_size(planted):
+    """softmax f32 32768 x 4096 (134M elements): every plant fails on the device path, with
+    one reference shared by all of them, and a correct kernel passes."""
+    assert checking._device_platform() == "gpu"
+    cache = checking.ReferenceCache(4 * 2**30)
+    results = checking.check(planted("correct", lambda x: jax.nn.softmax(x, axis=-1)),
+                             REAL_SIZE_CASE, seed=0, references=cache)
+    assert all(r.relative_error < r.tolerance for r in results)
+    for name, (fn, message) in REAL_SIZE_FAULTS.items():
+        with pytest.raises(checking.CheckFailure, match=message):
+            checking.check(planted(name, fn), REAL_SIZE_CASE, seed=0, references=cache)
+    assert cache.misses == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not devices.this_machine().has_gpu, reason="needs a CUDA GPU (real size)")
+def test_torch_faults_are_caught_at_real_size(planted):
+    """The same through torch on the GPU: an unwritten column (NaN poison, read through
+    DLPack) and an input overwritten in place (checked on the device)."""
+    torch = pytest.importorskip("torch")
+
+    def skips_last_column(x):
+        out = frameworks.torch_empty(x.shape, x.dtype, x.device)
+        out[:, :-1] = torch.softmax(x, dim=-1)[:, :-1]
+        return out
+
+    def in_place(x):
+        return x.copy_(torch.softmax(x, dim=-1))
+
+    cache = checking.ReferenceCache(4 * 2**30)
+    with pytest.raises(checking.CheckFailure, match=r"32768 of 134217728 elements are NaN"):
+        checking.check(planted("skips-last-column", skips_last_column, framework="torch"),
+                       REAL_SIZE_CASE, seed=0, gradients=False, references=cache)
+    with pytest.raises(checking.CheckFailure, match="input x was modified"):
+        checking.check(planted("in-place", in_place, framework="torch"), REAL_SIZE_CASE,
+                       seed=0, gradients=False, references=cache)
