@@ -179,8 +179,7 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
                 min(int(requested), plan.workers)
             option.numprocesses = chosen if chosen > 1 else 0
             config._kernelperf_plan = (plan, requested, chosen)
-    if option.numprocesses and option.numprocesses not in ("auto", "logical") \
-            and option.dist == "no":
+    if option.numprocesses and option.dist == "no":  # "auto" included: xdist resolves it
         option.dist = "loadgroup"
 
 

@@ -117,3 +117,78 @@ def test_phase_summary_adds_up():
     assert text.index("a[1]") < text.index("b[2]")
     with pytest.raises(ValueError, match="duration: expected >= 0"):
         phases.ItemRecord("c", "softmax", -1.0, {})
+
+
+def _config(numprocesses, dist="no", collectonly=False):
+    option = types.SimpleNamespace(numprocesses=numprocesses, dist=dist, collectonly=collectonly)
+    return types.SimpleNamespace(option=option, getoption=lambda name, default=None: default,
+                                 pluginmanager=types.SimpleNamespace(hasplugin=lambda n: True))
+
+
+@pytest.fixture
+def on_h100(monkeypatch):
+    monkeypatch.setattr(devices, "this_machine", lambda: H100)
+    monkeypatch.setattr(scheduling, "gpu_memory_bytes", lambda: 80 * GIB)
+    monkeypatch.setattr(scheduling, "cpu_count", lambda: 16)
+    monkeypatch.delenv(scheduling.WORKERS_VARIABLE, raising=False)
+    return scheduling.plan(80 * GIB, scheduling.runnable_estimates(H100), 16).workers
+
+
+def test_plain_command_on_a_gpu_takes_the_planned_workers_by_group(on_h100):
+    config = _config(None)
+    conftest.pytest_cmdline_main(config)
+    assert on_h100 > 1 and config.option.numprocesses == on_h100
+    assert config.option.dist == "loadgroup"
+    assert config._kernelperf_plan[2] == on_h100
+
+
+@pytest.mark.parametrize("asked", [2, 64, "auto"])
+def test_asking_for_workers_on_a_gpu_never_exceeds_the_plan(on_h100, asked):
+    config = _config(asked)
+    conftest.pytest_cmdline_main(config)
+    expected = on_h100 if asked in (64, "auto") else 2
+    assert config.option.numprocesses == expected and config.option.dist == "loadgroup"
+
+
+def test_one_process_when_asked(on_h100, monkeypatch):
+    config = _config(0)
+    conftest.pytest_cmdline_main(config)
+    assert config.option.numprocesses == 0 and config.option.dist == "no"
+    monkeypatch.setenv(scheduling.WORKERS_VARIABLE, "0")
+    config = _config(None)
+    conftest.pytest_cmdline_main(config)
+    assert config.option.numprocesses == 0 and config.option.dist == "no"
+    monkeypatch.setenv(scheduling.WORKERS_VARIABLE, "many")
+    with pytest.raises(pytest.UsageError, match="expected a whole number of workers"):
+        conftest.pytest_cmdline_main(_config(None))
+
+
+def test_cpu_runs_keep_their_worker_count_but_go_by_group(monkeypatch):
+    monkeypatch.setattr(devices, "this_machine", lambda: CPU)
+    monkeypatch.delenv(scheduling.WORKERS_VARIABLE, raising=False)
+    for asked in (None, 2, "auto"):
+        config = _config(asked)
+        conftest.pytest_cmdline_main(config)
+        assert config.option.numprocesses == asked
+        assert config.option.dist == ("no" if asked is None else "loadgroup")
+    explicit = _config(2, dist="load")
+    conftest.pytest_cmdline_main(explicit)
+    assert explicit.option.dist == "load"
+
+
+def test_scheduler_groups_kernel_items_by_case_from_their_test_ids(monkeypatch):
+    pytest.importorskip("xdist")
+    monkeypatch.setattr(devices, "this_machine", lambda: CPU)
+    config = _config(2, dist="loadgroup")
+    config.getoption = lambda name, default=None: ["popen", "popen"] if name == "tx" else default
+    config.getvalue = config.getoption
+    scheduler = conftest.pytest_xdist_make_scheduler(config, log=None)
+    base = "correctness_tests/test_kernels.py::test_matches_reference"
+    scopes = {scheduler._split_scope(f"{base}[softmax-{impl}-f32-37x128-{dist}]{suffix}")
+              for impl in ("pallas", "xla", "triton") for dist in ("normal", "large")
+              for suffix in ("", "@softmax-f32-37x128")}
+    assert scopes == {"softmax-f32-37x128"}
+    assert scheduler._split_scope(f"{base}[softmax-xla-f32-3x5-normal]") == "softmax-f32-3x5"
+    other = "correctness_tests/test_harness.py::test_compare_reports_errors"
+    assert scheduler._split_scope(other) == other
+    assert conftest.pytest_xdist_make_scheduler(_config(2, dist="load"), log=None) is None
