@@ -314,6 +314,20 @@ def test_reference_cache_respects_its_bound():
     np.testing.assert_array_equal(ref.output, one.output)
 
 
+def test_reference_cache_keeps_only_the_latest_case():
+    op = registry.operation("softmax")
+    other = registry.make_case("softmax", "f32", {"rows": 3, "cols": 7}, tags=["cpu"])
+    cache = checking.ReferenceCache(2**30)
+    for seed in (0, 1):
+        cache.get(op, SOFTMAX_CASE, seed, "normal", with_grad=True)
+    cache.get(op, SOFTMAX_CASE, 0, "large", with_grad=True)
+    assert len(cache) == 3
+    cache.get(op, other, 0, "normal", with_grad=True)
+    assert len(cache) == 1
+    cache.get(op, SOFTMAX_CASE, 0, "normal", with_grad=True)
+    assert (cache.misses, cache.hits, len(cache)) == (5, 0, 1)
+
+
 def test_reference_cache_recomputes_to_add_gradients():
     op = registry.operation("softmax")
     cache = checking.ReferenceCache(2**30)
