@@ -98,8 +98,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def _schedule_order(items: list[pytest.Item]) -> None:
     """Kernel items of one case next to each other, one distribution at a time, so the
-    reference cache needs to hold one (case, seed, distribution) at a time; the slots they
-    occupy and everything else stay where they were."""
+    reference cache holds the references of one case and distribution at a time; the
+    slots they occupy and everything else stay where they were."""
     slots = [i for i, item in enumerate(items)
              if "kernel_item" in getattr(getattr(item, "callspec", None), "params", {})]
     if not slots:
