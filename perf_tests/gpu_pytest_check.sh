@@ -12,7 +12,7 @@
 set -uo pipefail
 
 OUT=${OUT:-/tmp/kp-gpu-check}
-LIMIT=${LIMIT:-570}
+LIMIT=${LIMIT:-560}
 COLD=${COLD:-1}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
@@ -47,7 +47,7 @@ run_pytest() {  # $1: stage name; the rest: pytest arguments, exactly as typed
     local sampler; sampler=$(sample_memory "$OUT/$stage-nvidia-smi.csv")
     echo "== $stage: python3 -m pytest $* (limit ${LIMIT} s, caches $([ "$COLD" = 1 ] && echo cold || echo kept))"
     local start; start=$(date +%s%N)
-    timeout -s INT -k 30 "$LIMIT" python3 -m pytest "$@" > "$log" 2>&1
+    timeout -s INT -k 15 "$LIMIT" python3 -m pytest "$@" > "$log" 2>&1
     local status=$?
     local wall_ms=$((($(date +%s%N) - start) / 1000000))
     local wall=$((wall_ms / 1000)).$(printf "%03d" $((wall_ms % 1000)))
