@@ -5,7 +5,7 @@
 #
 #   perf_tests/gpu_pytest_check.sh full|quick|planted|all
 #
-# Each stage stays under 10 minutes (pytest gets SIGINT at $LIMIT seconds, 570 by default,
+# Each stage stays under 10 minutes (pytest gets SIGINT at $LIMIT seconds, 560 by default,
 # and still prints its summary), so run them as separate calls of the device tool. Every
 # stage starts from empty JAX, Triton and nvcc caches, as on a freshly started machine
 # (COLD=0 keeps the caches of the stage before). Logs and a summary go to $OUT.
