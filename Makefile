@@ -55,9 +55,10 @@ lint: install
 pytest: install
 	$(BIN)/python -m pytest -n $(JOBS)
 
-# On a GPU machine whose python3 already has jax[cuda], torch and triton.
+# On a GPU machine whose python3 already has jax[cuda], torch and triton: as many xdist
+# workers as the GPU's memory holds (README, "GPU test runs").
 test-gpu:
-	$(PYTHON) -m pytest -m gpu -n 0
+	$(PYTHON) -m pytest -m gpu
 
 # On a host with several GPUs: the sharded ops, then how much communication the
 # collective matmul hides.

@@ -7,11 +7,20 @@ over the registry, with ids like `softmax-pallas-f32-37x128-normal`. On a GPU
 machine every kernel item is marked `gpu` (so `pytest -m gpu` runs them
 compiled); without one, items that need a GPU are marked `gpu` and skip with
 the reason, and the rest run interpreted.
+
+Kernel items of one case share their inputs and reference (kernels.checking's
+cache): they carry the case's xdist group and run back to back, one
+distribution at a time. On a GPU machine a plain `pytest` runs distributed over
+as many xdist workers as the GPU's memory holds (kernels/scheduling.py), with
+`--dist loadgroup`; `-n N` asks for fewer, `-n 0` or KERNELPERF_TEST_WORKERS=0
+runs in one process. At the end the run prints where the kernel checks spent
+their time (kernels/phases_plugin.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from kernels import environment
 
@@ -19,10 +28,11 @@ environment.configure()
 
 import pytest  # noqa: E402
 
-from kernels import devices, registry  # noqa: E402
+from kernels import devices, registry, scheduling  # noqa: E402
 
-# The persistent compilation cache for the run, and its hit rate in the summary.
-pytest_plugins = ("kernels.compilation_cache_plugin",)
+# The persistent compilation cache for the run and its hit rate in the summary; the phase
+# breakdown of the kernel checks.
+pytest_plugins = ("kernels.compilation_cache_plugin", "kernels.phases_plugin")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +69,7 @@ def kernel_params() -> list:
                 marks = _marks(impl, reason, machine)
                 if "cpu" in case.tags:
                     marks.append(pytest.mark.small)
+                marks.append(pytest.mark.xdist_group(scheduling.group(op, impl, case, machine)))
                 for distribution in op.distributions:
                     item = KernelItem(impl, case, distribution)
                     params.append(pytest.param(item, id=item.id, marks=marks))
@@ -85,10 +96,103 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("bad_input_item", bad_input_params())
 
 
+def _schedule_order(items: list[pytest.Item]) -> None:
+    """Kernel items of one case next to each other, one distribution at a time, so the
+    reference cache holds the references of one case and distribution at a time; the
+    slots they occupy and everything else stay where they were."""
+    slots = [i for i, item in enumerate(items)
+             if "kernel_item" in getattr(getattr(item, "callspec", None), "params", {})]
+    if not slots:
+        return
+    kernel_items = [items[i] for i in slots]
+    first_seen: dict = {}
+    for position, item in enumerate(kernel_items):
+        kernel_item = item.callspec.params["kernel_item"]
+        first_seen.setdefault((kernel_item.impl.op, kernel_item.case), position)
+
+    def key(pair):
+        position, item = pair
+        kernel_item = item.callspec.params["kernel_item"]
+        op = registry.operation(kernel_item.impl.op)
+        return (first_seen[(op.name, kernel_item.case)],
+                op.distributions.index(kernel_item.distribution), position)
+
+    for slot, (_, item) in zip(slots, sorted(enumerate(kernel_items), key=key), strict=True):
+        items[slot] = item
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _schedule_order(items)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Without xdist (`-p no:xdist`, or not installed) nobody declares its group mark, and
+    # --strict-markers would reject the items that carry one.
+    config.addinivalue_line("markers", "xdist_group(name): items xdist runs on one worker")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Under --dist loadgroup, the kernel items' groups read from the registry by test id.
+
+    xdist groups by an `@group` suffix it writes into each worker's node ids, which pytest
+    9.2 no longer reads back (node ids are derived, not stored); the controller can name
+    every kernel item's group itself, from the same parameters the workers collect."""
+    if config.option.dist != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    groups = {}
+    for param in kernel_params():
+        for mark in param.marks:
+            if mark.name == "xdist_group":
+                groups[param.id] = mark.args[0]
+
+    class KernelGroupScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            test_id = nodeid[nodeid.rfind("[") + 1:nodeid.rfind("]")] if "[" in nodeid else ""
+            return groups.get(test_id) or super()._split_scope(nodeid)
+
+    return KernelGroupScheduling(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """Choose the xdist workers before xdist reads -n: on a GPU machine, as many as the GPU
+    holds (fewer if asked), grouped by case."""
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return
+    option = config.option
+    override = os.environ.get(scheduling.WORKERS_VARIABLE, "").strip()
+    if override:
+        try:
+            option.numprocesses = int(override)
+        except ValueError:
+            raise pytest.UsageError(f"{scheduling.WORKERS_VARIABLE}: expected a whole number "
+                                    f"of workers, got {override!r}") from None
+    elif option.numprocesses != 0 and not option.collectonly and \
+            not config.getoption("usepdb", False) and devices.this_machine().has_gpu:
+        plan = scheduling.auto_workers(devices.this_machine())
+        if plan is not None:
+            requested = option.numprocesses
+            chosen = plan.workers if requested in (None, "auto", "logical") else \
+                min(int(requested), plan.workers)
+            option.numprocesses = chosen if chosen > 1 else 0
+            config._kernelperf_plan = (plan, requested, chosen)
+    if option.numprocesses and option.dist == "no":  # "auto" included: xdist resolves it
+        option.dist = "loadgroup"
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     machine = devices.this_machine()
     failures = registry.import_failures()
     lines = [f"kernelperf: {machine.describe()}; Pallas "
              f"{'compiled' if machine.has_gpu else 'interpreted'}"]
+    chosen = getattr(config, "_kernelperf_plan", None)
+    if chosen:
+        plan, requested, workers = chosen
+        asked = "" if requested in (None, "auto", "logical") else f" (asked for -n {requested})"
+        lines.append(f"kernelperf: {workers} workers{asked}, --dist {config.option.dist}; "
+                     f"room for {plan.describe()}")
     lines += [f"kernelperf: not registered: {name}: {why}" for name, why in failures.items()]
     return lines

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import checking, devices, dtypes, frameworks, registry
+from kernels import checking, devices, dtypes, frameworks, phases, registry
 
 SOFTMAX_CASE = registry.make_case("softmax", "f32", {"rows": 6, "cols": 300}, tags=["cpu"])
 
@@ -155,3 +155,259 @@ def test_torch_inputs_on_gpu_come_zero_copy_from_jax(monkeypatch):
     assert tensor.is_cuda and len(exported) == 1
     assert tensor.data_ptr() == exported[0].unsafe_buffer_pointer()
     np.testing.assert_array_equal(frameworks.torch_to_numpy(tensor), inputs[0])
+
+
+# The GPU path without a GPU: references kept as device arrays, comparisons and the input
+# check reduced by jitted JAX programs, torch results viewed through DLPack. Pointed at
+# JAX's CPU device, it runs the same code the H100 runs.
+@pytest.fixture
+def device_path(monkeypatch):
+    programs = []
+    original = checking._device_stats_program
+
+    def counting(with_magnitude):
+        programs.append(with_magnitude)
+        return original(with_magnitude)
+
+    monkeypatch.setattr(checking, "_device_platform", lambda: "cpu")
+    monkeypatch.setattr(checking, "DEVICE_COMPARE_MIN_SIZE", 0)
+    monkeypatch.setattr(checking, "_device_stats_program", counting)
+    return programs
+
+
+@pytest.mark.parametrize("name", PLANTED_FAULTS)
+def test_planted_fault_is_caught_on_the_device_path(planted, device_path, name):
+    fn, message = PLANTED_FAULTS[name]
+    impl = planted(name, fn)
+    with pytest.raises(checking.CheckFailure, match=message):
+        checking.check(impl, SOFTMAX_CASE, seed=0)
+    if name != "wrong-dtype":  # refused before any comparison
+        assert device_path, "the comparison did not take the device path"
+
+
+def test_correct_kernel_passes_on_the_device_path(planted, device_path):
+    impl = planted("correct", lambda x: jax.nn.softmax(x, axis=-1))
+    results = checking.check(impl, SOFTMAX_CASE, seed=0)
+    assert [r.name.split()[-1] for r in results] == ["output", "dx"]
+    assert all(r.relative_error < r.tolerance for r in results)
+    assert device_path == [False, True]  # output, then dx with its magnitude
+
+
+def test_unwritten_output_is_caught_by_poisoning_on_the_device_path(planted, device_path):
+    test_unwritten_output_is_caught_by_poisoning(planted)
+    assert device_path
+
+
+def test_modified_input_is_caught_on_the_device_path(planted, device_path, monkeypatch):
+    checks = []
+    original = checking._same_program
+
+    def counting():
+        checks.append(True)
+        return original()
+
+    monkeypatch.setattr(checking, "_same_program", counting)
+    test_modified_input_is_caught(planted)
+    assert checks, "the input check did not run on the device"
+
+
+def _scenarios():
+    """(name, actual, expected, magnitude) covering every guard and a pass."""
+    rng = np.random.default_rng(3)
+    e = rng.standard_normal((40, 70)).astype(np.float32)
+    masked = e.copy()
+    masked[::7, ::3] = -np.inf
+    nan = e.copy()
+    nan[5, 9] = np.nan
+    nan[30, 1] = np.inf
+    off = e.copy()
+    off[17, 33] += 0.5
+    cancel = (e * 1e-6).astype(np.float32)
+    return [
+        ("close", e * np.float32(1 + 1e-6), e, None),
+        ("masked-match", masked.copy(), masked, None),
+        ("masked-mismatch", np.where(np.isinf(masked), 0, masked).astype(np.float32), masked,
+         None),
+        ("nan", nan, e, None),
+        ("zeros", np.zeros_like(e), e, None),
+        ("constant", np.full_like(e, 0.25), e, None),
+        ("one-off", off, e, None),
+        ("cancellation-forgiven", cancel + np.float32(1e-9), cancel, np.ones_like(e)),
+        ("cancellation-too-far", cancel + np.float32(1e-3), cancel, np.ones_like(e)),
+        ("16-bit", e.astype(dtypes.to_numpy("bf16")), e, None),
+    ]
+
+
+@pytest.mark.parametrize("scenario", _scenarios(), ids=lambda s: s[0])
+def test_device_comparison_judges_like_the_host(scenario, device_path):
+    """Same verdict, same message, same errors (to float32 rounding) on both paths."""
+    _, actual, expected, magnitude = scenario
+
+    def outcome(a, e, m):
+        try:
+            result = checking.compare(a, e, tolerance=1e-4, name="y", magnitude=m)
+        except checking.CheckFailure as failure:
+            return "fail", str(failure)
+        return "pass", (result.relative_error, result.max_error)
+
+    host = outcome(actual, expected, magnitude)
+    assert not device_path  # NumPy arrays stay on the host
+    device = outcome(jnp.asarray(actual), jnp.asarray(expected),
+                     None if magnitude is None else jnp.asarray(magnitude))
+    assert device_path, "the JAX arrays were not compared on the device"
+    assert host[0] == device[0]
+    if host[0] == "fail":
+        assert device[1] == host[1]
+    else:
+        np.testing.assert_allclose(device[1], host[1], rtol=1e-5, atol=1e-12)
+
+
+def _correct_softmaxes(planted, count):
+    return [planted(f"correct{i}", lambda x, i=i: jax.nn.softmax(x + 0.0 * i, axis=-1))
+            for i in range(count)]
+
+
+def test_reference_computed_once_per_case_seed_and_distribution(planted, monkeypatch):
+    computed = []
+    original = checking.compute_reference
+
+    def counting(op, case, seed, distribution, **kwargs):
+        computed.append((case.id, seed, distribution))
+        return original(op, case, seed, distribution, **kwargs)
+
+    monkeypatch.setattr(checking, "compute_reference", counting)
+    cache = checking.ReferenceCache(2**30)
+    for impl in _correct_softmaxes(planted, 3):
+        for seed in (0, 1):
+            for distribution in ("normal", "large"):
+                checking.check(impl, SOFTMAX_CASE, seed=seed, distribution=distribution,
+                               references=cache)
+    assert sorted(computed) == sorted((SOFTMAX_CASE.id, s, d) for s in (0, 1)
+                                      for d in ("normal", "large"))
+    assert (cache.misses, cache.hits) == (4, 8)
+
+
+def test_shared_reference_still_catches_a_planted_fault(planted):
+    """A correct kernel fills the cache; the wrong one after it is compared with the same
+    reference and still fails (speed from sharing, not from checking less)."""
+    cache = checking.ReferenceCache(2**30)
+    (correct,) = _correct_softmaxes(planted, 1)
+    checking.check(correct, SOFTMAX_CASE, seed=0, references=cache)
+    for name, (fn, message) in PLANTED_FAULTS.items():
+        with pytest.raises(checking.CheckFailure, match=message):
+            checking.check(planted(name, fn), SOFTMAX_CASE, seed=0, references=cache)
+    assert cache.misses == 1 and cache.hits == len(PLANTED_FAULTS)
+
+
+def test_reference_cache_respects_its_bound():
+    op = registry.operation("softmax")
+    one = checking.compute_reference(op, SOFTMAX_CASE, 0, "normal", with_grad=True)
+    cache = checking.ReferenceCache(one.nbytes + one.nbytes // 2)
+    for seed in range(4):
+        ref = cache.get(op, SOFTMAX_CASE, seed, "normal", with_grad=True)
+        assert cache.nbytes <= cache.max_bytes and len(cache) == 1
+        np.testing.assert_array_equal(ref.inputs[0], checking.make_inputs(
+            op, SOFTMAX_CASE, seed, "normal")[0])
+    unbounded_keeps_nothing = checking.ReferenceCache(0)
+    ref = unbounded_keeps_nothing.get(op, SOFTMAX_CASE, 0, "normal", with_grad=True)
+    assert len(unbounded_keeps_nothing) == 0 and ref.grads is not None
+    np.testing.assert_array_equal(ref.output, one.output)
+
+
+def test_reference_cache_keeps_only_the_latest_case():
+    op = registry.operation("softmax")
+    other = registry.make_case("softmax", "f32", {"rows": 3, "cols": 7}, tags=["cpu"])
+    cache = checking.ReferenceCache(2**30)
+    for seed in (0, 1):
+        cache.get(op, SOFTMAX_CASE, seed, "normal", with_grad=True)
+    cache.get(op, SOFTMAX_CASE, 0, "large", with_grad=True)
+    assert len(cache) == 3
+    cache.get(op, other, 0, "normal", with_grad=True)
+    assert len(cache) == 1
+    cache.get(op, SOFTMAX_CASE, 0, "normal", with_grad=True)
+    assert (cache.misses, cache.hits, len(cache)) == (5, 0, 1)
+
+
+def test_reference_cache_recomputes_to_add_gradients():
+    op = registry.operation("softmax")
+    cache = checking.ReferenceCache(2**30)
+    assert not cache.get(op, SOFTMAX_CASE, 0, "normal", with_grad=False).with_grad
+    assert cache.get(op, SOFTMAX_CASE, 0, "normal", with_grad=True).with_grad
+    assert cache.get(op, SOFTMAX_CASE, 0, "normal", with_grad=False).with_grad
+    assert (cache.misses, cache.hits) == (2, 1)
+
+
+def test_cached_inputs_are_read_only():
+    op = registry.operation("softmax")
+    ref = checking.compute_reference(op, SOFTMAX_CASE, 0, "normal", with_grad=True)
+    for array in (*ref.inputs, ref.cotangent):
+        with pytest.raises(ValueError, match="read-only"):
+            array[0, 0] = 1.0
+
+
+def test_check_times_its_phases(planted):
+    impl = planted("timed", jax.jit(lambda x: jax.nn.softmax(x, axis=-1)))
+    timer = phases.PhaseTimer()
+    with timer.active():
+        checking.check(impl, SOFTMAX_CASE, seed=5, timer=timer)
+    assert set(phases.PHASES) <= set(timer.seconds)
+    assert timer.seconds["jax_compile"] > 0  # a fresh jit of a fresh function compiles
+    assert timer.total == pytest.approx(sum(timer.seconds[p] for p in phases.PHASES))
+
+
+def _last_column_wrong(y):
+    """The last entry of every row moved: 1.5 y + 0.01 (NaN-free, wrong in every case)."""
+    return y.at[..., -1].set(y[..., -1] * 1.5 + 0.01)
+
+
+REAL_SIZE_CASE = registry.make_case("softmax", "f32", {"rows": 32768, "cols": 4096},
+                                    tags=["gpu"])
+REAL_SIZE_FAULTS = {
+    "one-nan": (lambda x: jax.nn.softmax(x, axis=-1).at[12345, 678].set(jnp.nan),
+                r"output: 1 of 134217728 elements are NaN/inf .* first at \(12345, 678\)"),
+    "one-element-off": (lambda x: jax.nn.softmax(x, axis=-1).at[20000, 5].add(1e-3),
+                        r"output: .* worst at \(20000, 5\)"),
+    "last-column": (lambda x: _last_column_wrong(jax.nn.softmax(x, axis=-1)), "output: rel"),
+    "zeros": (lambda x: jnp.zeros_like(x), "all zeros"),
+    "wrong-gradient": (_grad_scaled(0.99), r"dx: rel \d\.\d+e-03"),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not devices.this_machine().has_gpu, reason="needs a CUDA GPU (real size)")
+def test_planted_faults_are_caught_at_real_size(planted):
+    """softmax f32 32768 x 4096 (134M elements): every plant fails on the device path, with
+    one reference shared by all of them, and a correct kernel passes."""
+    assert checking._device_platform() == "gpu"
+    cache = checking.ReferenceCache(4 * 2**30)
+    results = checking.check(planted("correct", lambda x: jax.nn.softmax(x, axis=-1)),
+                             REAL_SIZE_CASE, seed=0, references=cache)
+    assert all(r.relative_error < r.tolerance for r in results)
+    for name, (fn, message) in REAL_SIZE_FAULTS.items():
+        with pytest.raises(checking.CheckFailure, match=message):
+            checking.check(planted(name, fn), REAL_SIZE_CASE, seed=0, references=cache)
+    assert cache.misses == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not devices.this_machine().has_gpu, reason="needs a CUDA GPU (real size)")
+def test_torch_faults_are_caught_at_real_size(planted):
+    """The same through torch on the GPU: an unwritten column (NaN poison, read through
+    DLPack) and an input overwritten in place (checked on the device)."""
+    torch = pytest.importorskip("torch")
+
+    def skips_last_column(x):
+        out = frameworks.torch_empty(x.shape, x.dtype, x.device)
+        out[:, :-1] = torch.softmax(x, dim=-1)[:, :-1]
+        return out
+
+    def in_place(x):
+        return x.copy_(torch.softmax(x, dim=-1))
+
+    cache = checking.ReferenceCache(4 * 2**30)
+    with pytest.raises(checking.CheckFailure, match=r"32768 of 134217728 elements are NaN"):
+        checking.check(planted("skips-last-column", skips_last_column, framework="torch"),
+                       REAL_SIZE_CASE, seed=0, gradients=False, references=cache)
+    with pytest.raises(checking.CheckFailure, match="input x was modified"):
+        checking.check(planted("in-place", in_place, framework="torch"), REAL_SIZE_CASE,
+                       seed=0, gradients=False, references=cache)

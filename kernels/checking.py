@@ -8,16 +8,39 @@ not modified. `compare` is the single comparison: relative error in norm and
 in max-abs, plus guards against outputs that are NaN, all zeros or constant
 where the reference is not (kernels returning zeros have passed absolute
 tolerances in public harnesses).
+
+Inputs, reference output, reference gradients and their term magnitudes depend
+only on (operation, case, seed, distribution), not on the implementation: a
+`ReferenceCache` keeps them, bounded in bytes, so the implementations of one
+case share one computation (the test suite runs them back to back). The
+reference is one jitted program (forward, VJP, magnitudes). On a GPU it stays
+on the device, and comparisons of large arrays run there as one fused
+reduction that sends a few scalars back; on CPU everything is NumPy as before.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import functools
 import math
+import os
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from kernels import dtypes, frameworks, registry
+from kernels import compat, dtypes, frameworks, phases, registry
+
+# Arrays smaller than this are compared on the host: copying them is cheaper than compiling
+# a device reduction for their shape.
+DEVICE_COMPARE_MIN_SIZE = 1 << 16
+# Seed offset of the cotangent's generator, so it never repeats an input's stream.
+COTANGENT_SEED_OFFSET = 1_000_003
+CACHE_VARIABLE = "KERNELPERF_REFERENCE_CACHE_MB"
+# Enough for every reference of one real-size case and distribution (softmax f32
+# 32768 x 4096: output, gradient and magnitude, 512 MiB each, plus the pristine input).
+DEFAULT_CACHE_MB = {"gpu": 4096, "cpu": 512}
 
 
 def relative_tolerance(dtype: str, reduction_length: int, accumulator: str = "f32") -> float:
@@ -45,87 +68,249 @@ class Comparison:
                 f"(tol {self.tolerance:.1e})")
 
 
-def compare(actual: np.ndarray, expected: np.ndarray, *, tolerance: float, name: str,
-            magnitude: np.ndarray | None = None) -> Comparison:
-    """Compare `actual` with `expected`; raise CheckFailure on mismatch.
+@dataclasses.dataclass(frozen=True)
+class _Stats:
+    """Everything `compare` judges, reduced from the two arrays (flat indices into them)."""
 
-    Errors are relative to `expected`, or to `magnitude` (the size of the terms
-    that were summed into `expected`, same shape) where that is larger: a result
-    that cancels to almost nothing cannot be expected to keep relative accuracy.
-    Arithmetic is float32 (exact for 16-bit and float32 results; float64 stays
-    float64), which keeps a 10^8-element comparison to about a second.
-    """
-    work_dtype = np.float64 if np.float64 in (np.asarray(actual).dtype,
-                                              np.asarray(expected).dtype) else np.float32
-    actual = np.asarray(actual).astype(work_dtype, copy=False)
-    expected = np.asarray(expected).astype(work_dtype, copy=False)
-    if actual.shape != expected.shape:
-        raise CheckFailure(f"{name}: shape {actual.shape}, expected {expected.shape}")
+    finite_count: int  # reference entries that are finite
+    bad_count: int  # of those, entries where the result is NaN/inf
+    first_bad: int
+    mismatch: bool  # a non-finite reference entry the result does not reproduce
+    first_mismatch: int
+    first_finite: int
+    peak: float  # max over finite entries of max(|ref|, |magnitude|)
+    expected_absmax: float
+    actual_any: bool  # any non-zero result where the reference is finite
+    expected_ptp: float
+    actual_ptp: float
+    norm_expected: float
+    norm_size: float
+    norm_diff: float
+    worst: int
+    worst_diff: float
 
-    finite = np.isfinite(expected)
-    all_finite = bool(finite.all())
-    bad = ~np.isfinite(actual) if all_finite else finite & ~np.isfinite(actual)
-    if bad.any():
-        first = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise CheckFailure(f"{name}: {int(bad.sum())} of {bad.size} elements are NaN/inf where the "
-                           f"reference is finite (first at {first}: {actual[first]})")
-    if not all_finite:
-        mismatched = ~finite & ~((actual == expected) | (np.isnan(actual) & np.isnan(expected)))
-        if mismatched.any():
-            first = tuple(int(i) for i in np.argwhere(mismatched)[0])
-            raise CheckFailure(
-                f"{name}: reference is {expected[first]} at {first}, got {actual[first]}")
 
-    a, e = (actual, expected) if all_finite else (actual[finite], expected[finite])
-    size = np.abs(e)
+def _stats(xp, actual, expected, magnitude, norm: Callable) -> dict[str, Any]:
+    """The reductions behind `compare`, written once for NumPy and for jnp under jit: masks
+    instead of boolean indexing, so the non-finite reference entries drop out of every sum."""
+    a, e = actual.reshape(-1), expected.reshape(-1)
+    finite = xp.isfinite(e)
+    bad = finite & ~xp.isfinite(a)
+    mismatched = ~finite & ~((a == e) | (xp.isnan(a) & xp.isnan(e)))
+    zero = xp.zeros((), e.dtype)
+    e0, a0 = xp.where(finite, e, zero), xp.where(finite, a, zero)
+    size = xp.abs(e0)
     if magnitude is not None:
-        magnitude = np.asarray(magnitude).astype(work_dtype, copy=False)
-        np.maximum(size, np.abs(magnitude if all_finite else magnitude[finite]), out=size)
-    peak = float(size.max()) if e.size else 0.0
-    # Degenerate outputs, judged only where the reference stands clear of rounding.
-    if e.size and float(np.abs(e).max()) > tolerance * peak and not a.any():
-        raise CheckFailure(f"{name}: output is all zeros; the reference is not")
-    if e.size > 1 and float(np.ptp(e)) > tolerance * peak and float(np.ptp(a)) == 0:
-        raise CheckFailure(f"{name}: output is constant ({a.flat[0]}); the reference is not")
+        size = xp.maximum(size, xp.where(finite, xp.abs(magnitude.reshape(-1)), zero))
+    peak = xp.max(size)
+    inf = xp.asarray(np.inf, e.dtype)
 
-    scale = max(_norm(e), _norm(size))
-    diff = np.subtract(a, e)
-    np.abs(diff, out=diff)
-    relative = _norm(diff) / (scale or 1.0)
-    worst_flat = int(diff.argmax()) if diff.size else 0
-    max_error = (float(diff.flat[worst_flat]) if diff.size else 0.0) / (peak or 1.0)
-    result = Comparison(name, relative, max_error, tolerance)
-    if not (relative <= tolerance and max_error <= tolerance):
-        worst = tuple(int(i) for i in (np.unravel_index(worst_flat, expected.shape) if all_finite
-                                       else np.argwhere(finite)[worst_flat]))
-        raise CheckFailure(f"{result}; worst at {worst}: got {actual[worst]}, "
-                           f"expected {expected[worst]}")
-    return result
+    def ptp(x):
+        return xp.max(xp.where(finite, x, -inf)) - xp.min(xp.where(finite, x, inf))
+
+    diff = xp.abs(a0 - e0)
+    worst = xp.argmax(diff)
+    return dict(
+        finite_count=xp.sum(finite), bad_count=xp.sum(bad), first_bad=xp.argmax(bad),
+        mismatch=xp.any(mismatched), first_mismatch=xp.argmax(mismatched),
+        first_finite=xp.argmax(finite), peak=peak, expected_absmax=xp.max(xp.abs(e0)),
+        actual_any=xp.any(a0 != 0), expected_ptp=ptp(e), actual_ptp=ptp(a),
+        norm_expected=norm(e0, peak), norm_size=norm(size, peak), norm_diff=norm(diff, peak),
+        worst=worst, worst_diff=diff[worst])
 
 
-def _norm(x: np.ndarray) -> float:
+def _host_norm(x: np.ndarray, peak) -> float:
     """Euclidean norm, accumulated in float64 so 10^8 float32 squares lose nothing."""
+    del peak
     flat = x.reshape(-1)
     return float(np.sqrt(sum(np.dot(chunk, chunk).astype(np.float64)
                              for chunk in np.array_split(flat, max(1, flat.size // 2**20)))))
 
 
-def reference_outputs(op: registry.Operation, case: registry.Case, inputs: tuple[np.ndarray, ...],
-                      cotangent: np.ndarray | None):
-    """Reference output, input gradients for `cotangent` and their term magnitudes, in float32."""
+def _device_norm(x, peak):
+    """Euclidean norm in float32, scaled by the peak first so the squares cannot overflow."""
+    import jax.numpy as jnp
+
+    scale = jnp.where(peak > 0, peak, 1.0)
+    return scale * jnp.sqrt(jnp.sum(jnp.square(x / scale)))
+
+
+@functools.cache
+def _device_stats_program(with_magnitude: bool):
     import jax
     import jax.numpy as jnp
 
-    upcast = [jnp.asarray(x, dtype=jnp.float32) for x in inputs]
+    def program(actual, expected, *magnitude):
+        upcast = [x.astype(jnp.float32) for x in (actual, expected, *magnitude)]
+        return _stats(jnp, upcast[0], upcast[1], upcast[2] if with_magnitude else None,
+                      _device_norm)
+
+    return jax.jit(program)
+
+
+def _to_stats(raw: dict[str, Any]) -> _Stats:
+    values = {}
+    for field in dataclasses.fields(_Stats):
+        value = np.asarray(raw[field.name])
+        values[field.name] = (bool(value) if field.type == "bool" else
+                              int(value) if field.type == "int" else float(value))
+    return _Stats(**values)
+
+
+def _device_platform() -> str | None:
+    """Where references stay and large comparisons run: "gpu" on a GPU machine; None (the
+    host, NumPy) elsewhere. Tests point it at "cpu" to run the device path without a GPU."""
+    return "gpu" if compat.on_gpu() else None
+
+
+def _device_arrays(*arrays):
+    """The arrays as single-device JAX arrays on the device (torch through DLPack), when all
+    are and are big enough to be worth a device reduction; else None (compare on host)."""
+    platform = _device_platform()
+    if platform is None:
+        return None
+    present = [a for a in arrays if a is not None]
+    if any(getattr(a, "dtype", None) == np.float64 for a in present):
+        return None  # JAX runs without x64: float64 stays on the host, in float64
+    converted = [frameworks.as_device_array(a, platform) for a in present]
+    if any(c is None for c in converted) or converted[0].size < DEVICE_COMPARE_MIN_SIZE:
+        return None
+    it = iter(converted)
+    return tuple(None if a is None else next(it) for a in arrays)
+
+
+def _host_array(x: Any) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        return x
+    if type(x).__module__.startswith("torch"):
+        return frameworks.torch_to_numpy(x)
+    return np.asarray(x)
+
+
+def compare(actual: Any, expected: Any, *, tolerance: float, name: str,
+            magnitude: Any | None = None) -> Comparison:
+    """Compare `actual` with `expected`; raise CheckFailure on mismatch.
+
+    Errors are relative to `expected`, or to `magnitude` (the size of the terms
+    that were summed into `expected`, same shape) where that is larger: a result
+    that cancels to almost nothing cannot be expected to keep relative accuracy.
+    Arrays may be NumPy, JAX or torch. Large single-device GPU arrays are reduced
+    on the device in float32 (exact for 16-bit and float32 results); otherwise on
+    the host, in float32 unless either side is float64.
+    """
+    on_device = _device_arrays(actual, expected, magnitude)
+    if on_device is not None:
+        actual, expected, magnitude = on_device
+        work_dtype = np.float32
+        if actual.shape != expected.shape:
+            raise CheckFailure(f"{name}: shape {actual.shape}, expected {expected.shape}")
+        if magnitude is not None and magnitude.shape != expected.shape:
+            raise ValueError(f"magnitude: expected shape {expected.shape}, got {magnitude.shape}")
+        import jax
+
+        extra = () if magnitude is None else (magnitude,)
+        # One transfer of the scalars, not one per field.
+        stats = _to_stats(jax.device_get(
+            _device_stats_program(magnitude is not None)(actual, expected, *extra)))
+    else:
+        actual, expected = _host_array(actual), _host_array(expected)
+        work_dtype = np.float64 if np.float64 in (actual.dtype, expected.dtype) else np.float32
+        actual = actual.astype(work_dtype, copy=False)
+        expected = expected.astype(work_dtype, copy=False)
+        if actual.shape != expected.shape:
+            raise CheckFailure(f"{name}: shape {actual.shape}, expected {expected.shape}")
+        if magnitude is not None:
+            magnitude = _host_array(magnitude).astype(work_dtype, copy=False)
+        if expected.size == 0:
+            return Comparison(name, 0.0, 0.0, tolerance)
+        stats = _to_stats(_stats(np, actual, expected, magnitude, _host_norm))
+    return _judge(stats, actual, expected, work_dtype, tolerance=tolerance, name=name)
+
+
+def _judge(s: _Stats, actual, expected, work_dtype, *, tolerance: float, name: str) -> Comparison:
+    """Raise CheckFailure naming the first guard `s` breaks; else the Comparison."""
+    shape = tuple(expected.shape)
+
+    def at(x, flat: int):
+        index = tuple(int(i) for i in np.unravel_index(flat, shape))
+        return index, np.asarray(x[index]).astype(work_dtype)[()]
+
+    size = math.prod(shape)
+    if s.bad_count:
+        first, value = at(actual, s.first_bad)
+        raise CheckFailure(f"{name}: {s.bad_count} of {size} elements are NaN/inf where the "
+                           f"reference is finite (first at {first}: {value})")
+    if s.mismatch:
+        first, value = at(actual, s.first_mismatch)
+        raise CheckFailure(f"{name}: reference is {at(expected, s.first_mismatch)[1]} at "
+                           f"{first}, got {value}")
+    # Degenerate outputs, judged only where the reference stands clear of rounding.
+    if s.finite_count and s.expected_absmax > tolerance * s.peak and not s.actual_any:
+        raise CheckFailure(f"{name}: output is all zeros; the reference is not")
+    if s.finite_count > 1 and s.expected_ptp > tolerance * s.peak and s.actual_ptp == 0:
+        raise CheckFailure(f"{name}: output is constant ({at(actual, s.first_finite)[1]}); "
+                           f"the reference is not")
+    scale = max(s.norm_expected, s.norm_size)
+    relative = s.norm_diff / (scale or 1.0)
+    max_error = (s.worst_diff if s.finite_count else 0.0) / (s.peak or 1.0)
+    result = Comparison(name, relative, max_error, tolerance)
+    if not (relative <= tolerance and max_error <= tolerance):
+        worst, value = at(actual, s.worst)
+        raise CheckFailure(f"{result}; worst at {worst}: got {value}, "
+                           f"expected {at(expected, s.worst)[1]}")
+    return result
+
+
+@functools.cache
+def _reference_program(op_name: str, params: tuple, with_grad: bool):
+    """The operation's float32 reference as one jitted program: output alone, or output,
+    gradients for a cotangent and their term magnitudes. Inputs come in the case dtype and
+    are upcast inside, on the device."""
+    import jax
+    import jax.numpy as jnp
+
+    op = registry.operation(op_name)
+    kwargs = dict(params)
+
+    def forward(*inputs):
+        return op.reference(*(jnp.asarray(x, dtype=jnp.float32) for x in inputs), **kwargs)
+
+    if not with_grad:
+        return jax.jit(forward)
+
+    def forward_and_vjp(inputs, cotangent):
+        upcast = [jnp.asarray(x, dtype=jnp.float32) for x in inputs]
+        out, pullback = jax.vjp(lambda *a: op.reference(*a, **kwargs), *upcast)
+        cotangent = jnp.asarray(cotangent, dtype=jnp.float32)
+        grads = pullback(cotangent)
+        magnitudes = (tuple(op.gradient_magnitude(upcast, out, cotangent, **kwargs))
+                      if op.gradient_magnitude else None)
+        return out, tuple(grads), magnitudes
+
+    return jax.jit(forward_and_vjp)
+
+
+def reference_outputs(op: registry.Operation, case: registry.Case, inputs: tuple[np.ndarray, ...],
+                      cotangent: np.ndarray | None):
+    """Reference output, input gradients for `cotangent` and their term magnitudes, in float32,
+    as NumPy arrays (magnitudes None per input where the operation declares none)."""
+    out, grads, magnitudes = _run_reference(op, case, inputs, cotangent)
+    if grads is None:
+        return np.asarray(out), None, None
+    return (np.asarray(out), tuple(np.asarray(g) for g in grads),
+            tuple(None if m is None else np.asarray(m) for m in magnitudes))
+
+
+def _run_reference(op, case, inputs, cotangent):
+    """Device arrays: output, gradients (None without a cotangent), magnitudes per input."""
+    import jax
+
     if cotangent is None:
-        return np.asarray(op.reference(*upcast, **case.kwargs)), None, None
-    out, pullback = jax.vjp(lambda *a: op.reference(*a, **case.kwargs), *upcast)
-    cotangent = jnp.asarray(cotangent, dtype=jnp.float32)
-    grads = tuple(np.asarray(g) for g in pullback(cotangent))
-    magnitudes = (tuple(np.asarray(m) for m in op.gradient_magnitude(
-        upcast, out, cotangent, **case.kwargs))
-                  if op.gradient_magnitude else (None,) * len(grads))
-    return np.asarray(out), grads, magnitudes
+        out = jax.block_until_ready(_reference_program(op.name, case.params, False)(*inputs))
+        return out, None, None
+    out, grads, magnitudes = jax.block_until_ready(
+        _reference_program(op.name, case.params, True)(tuple(inputs), cotangent))
+    return out, grads, magnitudes if magnitudes is not None else (None,) * len(grads)
 
 
 def make_inputs(op: registry.Operation, case: registry.Case, seed: int,
@@ -144,44 +329,197 @@ def make_inputs(op: registry.Operation, case: registry.Case, seed: int,
     return inputs
 
 
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    """Inputs for one (operation, case, seed, distribution) and the reference's answers.
+
+    `inputs` are read-only NumPy arrays in the case dtype. The answers live where the
+    comparisons read them: device arrays on a GPU, NumPy elsewhere; `device_inputs` are
+    pristine device copies of the inputs (GPU only) for the input-modification check.
+    """
+
+    inputs: tuple[np.ndarray, ...]
+    output: Any
+    cotangent: np.ndarray | None = None
+    grads: tuple[Any, ...] | None = None
+    magnitudes: tuple[Any, ...] | None = None
+    device_inputs: tuple[Any, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cotangent is None) != (self.grads is None):
+            raise ValueError("grads: expected exactly when a cotangent is given")
+
+    @property
+    def with_grad(self) -> bool:
+        return self.grads is not None
+
+    @property
+    def nbytes(self) -> int:
+        arrays = [*self.inputs, self.output, self.cotangent, *(self.grads or ()),
+                  *(self.magnitudes or ()), *(self.device_inputs or ())]
+        return sum(int(a.nbytes) for a in arrays if a is not None)
+
+
+def compute_reference(op: registry.Operation, case: registry.Case, seed: int, distribution: str,
+                      *, with_grad: bool, timer: phases.PhaseTimer | None = None) -> Reference:
+    """Fresh inputs and the float32 reference for them (and its VJP with a random cotangent)."""
+    import jax
+
+    timer = timer or phases.PhaseTimer()
+    with timer.phase("inputs"):
+        inputs = make_inputs(op, case, seed, distribution)
+        for x in inputs:
+            x.setflags(write=False)  # shared by every implementation of the case
+        cotangent = None
+        if with_grad:
+            shape = jax.eval_shape(_reference_program(op.name, case.params, False), *inputs).shape
+            # Rounded to the case dtype so kernel and reference see the same values.
+            cotangent = np.random.default_rng(seed + COTANGENT_SEED_OFFSET).standard_normal(
+                shape, dtype=np.float32).astype(dtypes.to_numpy(case.dtype))
+            cotangent.setflags(write=False)
+    with timer.phase("reference"):
+        out, grads, magnitudes = _run_reference(op, case, inputs, cotangent)
+        device_inputs = None
+        if _device_platform():
+            device_inputs = jax.block_until_ready(tuple(jax.device_put(x) for x in inputs))
+        else:
+            out = np.asarray(out)
+            if grads is not None:
+                grads = tuple(np.asarray(g) for g in grads)
+                magnitudes = tuple(None if m is None else np.asarray(m) for m in magnitudes)
+    return Reference(inputs=inputs, output=out, cotangent=cotangent, grads=grads,
+                     magnitudes=magnitudes, device_inputs=device_inputs)
+
+
+class ReferenceCache:
+    """References by (operation, case, seed, distribution), at most `max_bytes` of arrays
+    held, and only those of the latest case asked for; within it the least recently used
+    go first. An entry larger than the bound is computed, handed out and not kept. One per
+    process; not thread-safe."""
+
+    def __init__(self, max_bytes: int) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes: expected >= 0, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self._entries: collections.OrderedDict[tuple, Reference] = collections.OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(ref.nbytes for ref in self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, op: registry.Operation, case: registry.Case, seed: int, distribution: str, *,
+            with_grad: bool, timer: phases.PhaseTimer | None = None) -> Reference:
+        key = (op.name, case, seed, distribution)
+        ref = self._entries.get(key)
+        if ref is not None and (ref.with_grad or not with_grad):
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return ref
+        self.misses += 1
+        # The suite runs the items of one case back to back, so a new case means the
+        # references of the cases before it are done with: drop them before computing, so
+        # they do not add to the computation's own peak.
+        for stale in [k for k in self._entries if k[:2] != key[:2] or k == key]:
+            del self._entries[stale]
+        ref = compute_reference(op, case, seed, distribution, with_grad=with_grad, timer=timer)
+        self._make_room(ref.nbytes)
+        if ref.nbytes <= self.max_bytes:
+            self._entries[key] = ref
+        return ref
+
+    def _make_room(self, nbytes: int) -> None:
+        while self._entries and self.nbytes + nbytes > self.max_bytes:
+            self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+@functools.cache
+def shared_references() -> ReferenceCache:
+    """This process's cache, bounded by $KERNELPERF_REFERENCE_CACHE_MB (default 4096 MiB on
+    a GPU, 512 MiB on CPU)."""
+    default = DEFAULT_CACHE_MB["gpu" if compat.on_gpu() else "cpu"]
+    value = os.environ.get(CACHE_VARIABLE, "").strip()
+    try:
+        megabytes = int(value) if value else default
+    except ValueError:
+        raise ValueError(f"{CACHE_VARIABLE}: expected a whole number of MiB, got {value!r}") \
+            from None
+    return ReferenceCache(megabytes * 2**20)
+
+
+def _unchanged(before: np.ndarray, pristine: Any, after: Any, fw) -> bool:
+    """Whether the call left an input as it was: on the device where both copies are there,
+    else through the host."""
+    on_device = None if pristine is None else _device_arrays(pristine, after)
+    if on_device is not None:
+        return bool(_same_program()(*on_device))
+    return np.array_equal(before, fw.to_numpy(after), equal_nan=True)
+
+
+@functools.cache
+def _same_program():
+    import jax
+    import jax.numpy as jnp
+
+    return jax.jit(lambda a, b: jnp.array_equal(a, b, equal_nan=True))
+
+
 def check(impl: registry.Implementation, case: registry.Case, *, seed: int = 0,
-          distribution: str = "normal", gradients: bool = True) -> list[Comparison]:
-    """Run `impl` on fresh inputs for `case` and compare with the reference; raise on mismatch."""
+          distribution: str = "normal", gradients: bool = True,
+          references: ReferenceCache | None = None,
+          timer: phases.PhaseTimer | None = None) -> list[Comparison]:
+    """Run `impl` on fresh inputs for `case` and compare with the reference; raise on mismatch.
+
+    references: where to find (and keep) the inputs and reference for (case, seed,
+        distribution); by default they are computed for this call alone.
+    timer: receives the wall time of each phase (kernels.phases).
+    """
     op = registry.operation(impl.op)
     fw = frameworks.framework(impl.framework)
-    inputs = make_inputs(op, case, seed, distribution)
+    timer = timer or phases.PhaseTimer()
     with_grad = gradients and op.differentiable and impl.differentiable
     label = f"{impl.id}[{case.id}, {distribution}, seed {seed}]"
+    if references is None:
+        references = ReferenceCache(0)
+    ref = references.get(op, case, seed, distribution,
+                                                with_grad=with_grad, timer=timer)
 
-    out_example_rng = np.random.default_rng(seed + 1_000_003)
-    args = impl.place(case, fw.from_numpy(inputs))
-    with frameworks.poisoned_outputs():
+    with timer.phase("place"):
+        args = fw.synchronize(impl.place(case, fw.from_numpy(ref.inputs)))
+    with timer.phase("forward"), frameworks.poisoned_outputs():
         out = fw.synchronize(impl.fn(*args, **case.kwargs))
-    out_np = fw.to_numpy(out)
-    if dtypes.short_name(out_np.dtype) != case.dtype:
-        raise CheckFailure(f"{label} output: dtype {out_np.dtype}, expected {case.dtype}")
-
-    cotangent = None
-    if with_grad:
-        # Round the cotangent to the case dtype so kernel and reference see the same values.
-        cotangent = out_example_rng.standard_normal(out_np.shape).astype(
-            dtypes.to_numpy(case.dtype))
-    ref_out, ref_grads, magnitudes = reference_outputs(op, case, inputs, cotangent)
+    out_dtype = dtypes.short_name(out.dtype)
+    if out_dtype != case.dtype:
+        raise CheckFailure(f"{label} output: dtype {dtypes.name_of(out.dtype)}, "
+                           f"expected {case.dtype}")
 
     tol = op.tolerance(case)
-    results = [compare(out_np, ref_out, tolerance=tol, name=f"{label} output")]
-    for name, before, after in zip(op.input_names, inputs, args, strict=True):
-        if not np.array_equal(before, fw.to_numpy(after), equal_nan=True):
-            raise CheckFailure(f"{label}: input {name} was modified by the call")
+    with timer.phase("compare"):
+        results = [compare(out, ref.output, tolerance=tol, name=f"{label} output")]
+        pristine = ref.device_inputs or (None,) * len(ref.inputs)
+        for name, before, device_before, after in zip(op.input_names, ref.inputs, pristine, args,
+                                                      strict=True):
+            if not _unchanged(before, device_before, after, fw):
+                raise CheckFailure(f"{label}: input {name} was modified by the call")
 
     if with_grad:
-        with frameworks.poisoned_outputs():
-            _, grads = fw.vjp(impl.fn, impl.place(case, fw.from_numpy(inputs)), cotangent,
-                              case.kwargs)
+        with timer.phase("place"):
+            grad_args = fw.synchronize(impl.place(case, fw.from_numpy(ref.inputs)))
+        with timer.phase("gradients"), frameworks.poisoned_outputs():
+            _, grads = fw.vjp(impl.fn, grad_args, ref.cotangent, case.kwargs)
             grads = fw.synchronize(grads)
-        for name, grad, ref_grad, magnitude in zip(op.input_names, grads, ref_grads, magnitudes,
-                                                   strict=True):
-            results.append(compare(fw.to_numpy(grad), ref_grad, magnitude=magnitude,
-                                   tolerance=tol * op.gradient_tolerance_factor,
-                                   name=f"{label} d{name}"))
+        magnitudes = ref.magnitudes or (None,) * len(grads)
+        with timer.phase("compare"):
+            for name, grad, ref_grad, magnitude in zip(op.input_names, grads, ref.grads,
+                                                       magnitudes, strict=True):
+                results.append(compare(grad, ref_grad, magnitude=magnitude,
+                                       tolerance=tol * op.gradient_tolerance_factor,
+                                       name=f"{label} d{name}"))
     return results

@@ -12,6 +12,10 @@ NumPy (the Triton interpreter wants plain CPU tensors).
 Kernels that allocate their own output (Triton, CUDA) call `torch_empty`, which
 fills the buffer with NaN while `poisoned_outputs()` is active, so an element
 the kernel never writes shows up as NaN in the comparison.
+
+The other way, `as_device_array` views a torch result on the GPU as a JAX array
+(DLPack again, no copy), so the harness compares every framework's results on
+the device where they are.
 """
 
 from __future__ import annotations
@@ -142,6 +146,25 @@ def jax_to_torch(array: Any) -> Any:
     import torch
 
     return torch.from_dlpack(array)
+
+
+def as_device_array(value: Any, platform: str = "gpu") -> Any:
+    """`value` as a single-device JAX array on `platform` ("gpu"), without a copy (a torch
+    tensor through DLPack); None for anything else (elsewhere, several devices, NumPy)."""
+    if type(value).__module__.startswith("torch"):
+        if value.device.type != {"gpu": "cuda"}.get(platform, platform):
+            return None
+        import jax.dlpack
+
+        # DLPack exports neither tensors that require grad nor (to JAX) strided views.
+        return jax.dlpack.from_dlpack(value.detach().contiguous())
+    import jax
+
+    if isinstance(value, jax.Array):
+        devices = value.devices()
+        if len(devices) == 1 and next(iter(devices)).platform == platform:
+            return value
+    return None
 
 
 def torch_empty(shape: Sequence[int], dtype: Any, device: Any) -> Any:

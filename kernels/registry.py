@@ -125,6 +125,10 @@ class Operation:
     gradient_magnitude: (inputs, output, cotangent, **case params) -> per input, the size of
         the terms summed into its gradient (float32 jnp arrays), where the
         gradient can cancel far below them; errors are measured against it.
+    reference_bytes: case -> device bytes the float32 reference, its VJP and the gradient
+        magnitudes hold at their peak beyond float32 copies of the inputs, output and
+        gradients, where that is more (attention's seq x seq probabilities); the test
+        scheduler (kernels/scheduling.py) reads it to share one GPU between workers.
     """
 
     name: str
@@ -141,6 +145,7 @@ class Operation:
     differentiable: bool = True
     gradient_tolerance_factor: float = 4.0
     gradient_magnitude: Callable[..., tuple[Any, ...]] | None = None
+    reference_bytes: Callable[[Case], float] | None = None
 
     def cases_tagged(self, tag: str) -> tuple[Case, ...]:
         return tuple(case for case in self.cases if tag in case.tags)

@@ -1,0 +1,194 @@
+"""How the kernel items share a GPU: groups, memory estimates, the worker count, the order
+items run in, and the phase breakdown printed at the end."""
+
+import types
+
+import pytest
+
+import conftest
+from kernels import devices, phases, registry, scheduling
+
+H100 = devices.Machine(platform="gpu", device_kind="NVIDIA H100 80GB HBM3", device_count=1,
+                       compute_capability=(9, 0))
+CPU = devices.Machine(platform="cpu", device_kind="cpu", device_count=8, compute_capability=None)
+GIB = 2**30
+
+
+def _case(op_name, case_id):
+    return registry.operation(op_name).case(case_id)
+
+
+def test_only_real_size_attention_needs_the_heavy_group():
+    heavy = {(op.name, case.id) for op in registry.operations() for case in op.cases
+             if scheduling.group(op, registry.implementations(op.name)[0], case, H100)
+             == scheduling.HEAVY_GROUP}
+    assert heavy == {("attention", "bf16-4x4096x16x128"),
+                     ("attention", "bf16-4x4096x16x128-causal"),
+                     ("attention", "bf16-4x4096x8x64")}
+
+
+def test_groups_per_case_and_for_several_devices():
+    softmax = registry.operation("softmax")
+    xla = registry.implementation("softmax", "xla")
+    case = _case("softmax", "f32-32768x4096")
+    assert scheduling.group(softmax, xla, case, H100) == "softmax-f32-32768x4096"
+    sharded = registry.operation("sharded_matmul")
+    collective = registry.implementation("sharded_matmul", "collective")
+    mesh = sharded.cases_tagged("gpu")[0]
+    assert scheduling.group(sharded, collective, mesh, H100) == scheduling.MULTI_DEVICE_GROUP
+    # On CPU every case is its own group: the sharded ones run on host devices, in parallel.
+    assert scheduling.group(sharded, collective, mesh, CPU) == f"sharded_matmul-{mesh.id}"
+    attention = registry.operation("attention")
+    big = _case("attention", "bf16-4x4096x16x128")
+    assert scheduling.group(attention, registry.implementation("attention", "xla"), big,
+                            CPU) == f"attention-{big.id}"
+
+
+def test_estimates_follow_the_arrays():
+    softmax = registry.operation("softmax")
+    f32 = scheduling.estimated_bytes(softmax, _case("softmax", "f32-32768x4096"))
+    bf16 = scheduling.estimated_bytes(softmax, _case("softmax", "bf16-32768x4096"))
+    # Three 512 MiB arrays in the backward, four float32 copies of each; bf16 upcast too.
+    assert f32 == pytest.approx(scheduling.COPIES * 3 * 512 * 2**20)
+    assert bf16 == pytest.approx(f32)
+    attention = registry.operation("attention")
+    big = _case("attention", "bf16-4x4096x16x128")
+    assert scheduling.estimated_bytes(attention, big) > attention.reference_bytes(big) == \
+        pytest.approx(7 * 4 * GIB)
+
+
+@pytest.mark.parametrize("gpu_gib, cpus", [(80, 16), (80, 4), (141, 16), (40, 16), (24, 8)])
+def test_worker_count_fits_the_gpu(gpu_gib, cpus):
+    estimates = scheduling.runnable_estimates(H100)
+    plan = scheduling.plan(gpu_gib * GIB, estimates, cpus)
+    light = max(b for g, b in estimates if g != scheduling.HEAVY_GROUP)
+    heavy = max(b for g, b in estimates if g == scheduling.HEAVY_GROUP)
+    assert plan.heavy_bytes == heavy and plan.light_bytes == light
+    assert 1 <= plan.workers <= min(max(1, cpus // 2), scheduling.MAX_WORKERS)
+    held = heavy + (plan.workers - 1) * light + plan.workers * scheduling.CONTEXT_BYTES
+    if plan.workers > 1:
+        assert held <= scheduling.CAPACITY_FRACTION * gpu_gib * GIB
+        one_more = held + light + scheduling.CONTEXT_BYTES
+        assert one_more > scheduling.CAPACITY_FRACTION * gpu_gib * GIB \
+            or plan.workers == min(cpus // 2, scheduling.MAX_WORKERS)
+    assert str(plan.workers) in plan.describe()
+
+
+def test_worker_count_without_heavy_items():
+    plan = scheduling.plan(80 * GIB, [("a", 2 * GIB), ("b", 1 * GIB)], cpus=64)
+    assert plan.workers == scheduling.MAX_WORKERS and plan.heavy_bytes == 0
+    assert scheduling.plan(4 * GIB, [("a", 8 * GIB)], cpus=64).workers == 1
+
+
+def _item(op_name, impl_name, case_id, distribution, name):
+    kernel_item = conftest.KernelItem(registry.implementation(op_name, impl_name),
+                                      _case(op_name, case_id), distribution)
+    return types.SimpleNamespace(callspec=types.SimpleNamespace(
+        params={"kernel_item": kernel_item}), name=name)
+
+
+def test_items_of_a_case_run_together_one_distribution_at_a_time():
+    other = types.SimpleNamespace(name="test_rejects_bad_input")
+    items = [other]
+    for impl in ("pallas", "xla", "torch"):
+        for case in ("f32-3x5", "f32-37x128"):
+            for distribution in ("normal", "large"):
+                items.append(_item("softmax", impl, case, distribution,
+                                   f"{impl}-{case}-{distribution}"))
+    items.append(other)
+    conftest._schedule_order(items)
+    assert items[0] is other and items[-1] is other
+    assert [item.name for item in items[1:-1]] == [
+        f"{impl}-{case}-{distribution}" for case in ("f32-3x5", "f32-37x128")
+        for distribution in ("normal", "large") for impl in ("pallas", "xla", "torch")]
+
+
+def test_phase_summary_adds_up():
+    records = [phases.ItemRecord("a[1]", "softmax", 3.0, {"reference": 1.0, "forward": 1.5,
+                                                          "jax_compile": 2.0}),
+               phases.ItemRecord("b[2]", "matmul", 1.0, {"forward": 0.5, "compare": 0.25})]
+    lines = phases.summarize(records, wall=2.5, workers=2)
+    assert lines[0] == "kernelperf phases: 2 kernel items, 4.0 s of item time over 2 workers " \
+        "in 2.5 s wall"
+    text = "\n".join(lines)
+    assert "forward            2.0 s   50.0%" in text
+    assert "untimed            0.8 s" in text  # 4.0 - (1 + 2 + 0.25), jax_compile overlaps
+    assert "softmax 3.0 (1 items), matmul 1.0 (1 items)" in text
+    assert text.index("a[1]") < text.index("b[2]")
+    with pytest.raises(ValueError, match="duration: expected >= 0"):
+        phases.ItemRecord("c", "softmax", -1.0, {})
+
+
+def _config(numprocesses, dist="no", collectonly=False):
+    option = types.SimpleNamespace(numprocesses=numprocesses, dist=dist, collectonly=collectonly)
+    return types.SimpleNamespace(option=option, getoption=lambda name, default=None: default,
+                                 pluginmanager=types.SimpleNamespace(hasplugin=lambda n: True))
+
+
+@pytest.fixture
+def on_h100(monkeypatch):
+    monkeypatch.setattr(devices, "this_machine", lambda: H100)
+    monkeypatch.setattr(scheduling, "gpu_memory_bytes", lambda: 80 * GIB)
+    monkeypatch.setattr(scheduling, "cpu_count", lambda: 16)
+    monkeypatch.delenv(scheduling.WORKERS_VARIABLE, raising=False)
+    return scheduling.plan(80 * GIB, scheduling.runnable_estimates(H100), 16).workers
+
+
+def test_plain_command_on_a_gpu_takes_the_planned_workers_by_group(on_h100):
+    config = _config(None)
+    conftest.pytest_cmdline_main(config)
+    assert on_h100 > 1 and config.option.numprocesses == on_h100
+    assert config.option.dist == "loadgroup"
+    assert config._kernelperf_plan[2] == on_h100
+
+
+@pytest.mark.parametrize("asked", [2, 64, "auto"])
+def test_asking_for_workers_on_a_gpu_never_exceeds_the_plan(on_h100, asked):
+    config = _config(asked)
+    conftest.pytest_cmdline_main(config)
+    expected = on_h100 if asked in (64, "auto") else 2
+    assert config.option.numprocesses == expected and config.option.dist == "loadgroup"
+
+
+def test_one_process_when_asked(on_h100, monkeypatch):
+    config = _config(0)
+    conftest.pytest_cmdline_main(config)
+    assert config.option.numprocesses == 0 and config.option.dist == "no"
+    monkeypatch.setenv(scheduling.WORKERS_VARIABLE, "0")
+    config = _config(None)
+    conftest.pytest_cmdline_main(config)
+    assert config.option.numprocesses == 0 and config.option.dist == "no"
+    monkeypatch.setenv(scheduling.WORKERS_VARIABLE, "many")
+    with pytest.raises(pytest.UsageError, match="expected a whole number of workers"):
+        conftest.pytest_cmdline_main(_config(None))
+
+
+def test_cpu_runs_keep_their_worker_count_but_go_by_group(monkeypatch):
+    monkeypatch.setattr(devices, "this_machine", lambda: CPU)
+    monkeypatch.delenv(scheduling.WORKERS_VARIABLE, raising=False)
+    for asked in (None, 2, "auto"):
+        config = _config(asked)
+        conftest.pytest_cmdline_main(config)
+        assert config.option.numprocesses == asked
+        assert config.option.dist == ("no" if asked is None else "loadgroup")
+    explicit = _config(2, dist="load")
+    conftest.pytest_cmdline_main(explicit)
+    assert explicit.option.dist == "load"
+
+
+def test_scheduler_groups_kernel_items_by_case_from_their_test_ids(monkeypatch):
+    pytest.importorskip("xdist")
+    monkeypatch.setattr(devices, "this_machine", lambda: CPU)
+    config = _config(2, dist="loadgroup")
+    config.getoption = lambda name, default=None: ["popen", "popen"] if name == "tx" else default
+    config.getvalue = config.getoption
+    scheduler = conftest.pytest_xdist_make_scheduler(config, log=None)
+    base = "correctness_tests/test_kernels.py::test_matches_reference"
+    scopes = {scheduler._split_scope(f"{base}[softmax-{impl}-f32-37x128-{dist}]{suffix}")
+              for impl in ("pallas", "xla", "triton") for dist in ("normal", "large")
+              for suffix in ("", "@softmax-f32-37x128")}
+    assert scopes == {"softmax-f32-37x128"}
+    assert scheduler._split_scope(f"{base}[softmax-xla-f32-3x5-normal]") == "softmax-f32-3x5"
+    other = "correctness_tests/test_harness.py::test_compare_reports_errors"
+    assert scheduler._split_scope(other) == other
+    assert conftest.pytest_xdist_make_scheduler(_config(2, dist="load"), log=None) is None
