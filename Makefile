@@ -76,8 +76,9 @@ list:
 	$(PY) -m kernels list
 
 # asv on HEAD; results go to .asv/results/<device model>/.
-# asv publish, then the dashboard's CDN scripts made local (kernels/dashboard.py).
-PUBLISH = $(PY) -m asv publish && $(PY) -m kernels.dashboard --localize .asv/html
+# asv publish of the shipped results (perf_tests/results/asv, GPU machines) and this machine's
+# (.asv/results) together, the dashboard's CDN scripts made local (kernels/dashboard.py).
+PUBLISH = $(PY) -m kernels.dashboard --publish .asv/html
 
 bench:
 	$(PY) -m kernels bench
@@ -93,9 +94,10 @@ noise-floor:
 	$(PY) -m kernels noise-floor --runs $(RUNS) $(if $(BENCH),--bench $(BENCH))
 
 # The local copies of asv's CDN scripts (make dashboard-deps), so the page works offline too.
+DASHBOARD_PORT ?= 8080
 dashboard:
 	$(PUBLISH)
-	$(PY) -m asv preview
+	$(PY) -m asv preview --port $(DASHBOARD_PORT)
 
 # A PNG of one benchmark's dashboard graph, published from RESULTS and drawn by headless
 # chromium, offline, e.g. (XAXIS=implementation: bars per implementation, for one commit)
