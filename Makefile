@@ -127,8 +127,11 @@ roofline:
 		$(if $(batch),--batch $(batch)) $(if $(heads),--heads $(heads)) \
 		$(if $(head-dim),--head-dim $(head-dim)) $(if $(seq-lengths),--seq-lengths $(seq-lengths))
 
-# Redraw the charts of a roofline data file: make plot-roofline json=traces/roofline_data_....json
+# Redraw the charts of a roofline data file (default: the newest in traces/):
+#   make plot-roofline json=traces/roofline_data_....json
+json ?= $(lastword $(sort $(wildcard $(TRACES)/roofline_data_*.json)))
 plot-roofline:
+	$(if $(json),,$(error json=<file> is required: no $(TRACES)/roofline_data_*.json here; make roofline writes one))
 	$(PY) -m kernels plot-roofline $(json)
 
 # The timer against an independent profiler trace, and its spread over 10 timings (GPU).
