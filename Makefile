@@ -107,9 +107,9 @@ dashboard:
 # A PNG of one benchmark's dashboard graph, published from RESULTS and drawn by headless
 # chromium, offline, e.g. (XAXIS=implementation: bars per implementation, for one commit)
 #   make dashboard-screenshot RESULTS=perf_tests/results/asv BENCH=Softmax.time_device \
-#       PNG=softmax.png XAXIS=implementation
+#       PNG=traces/softmax.png XAXIS=implementation
 RESULTS ?= .asv/results
-PNG ?= dashboard.png
+PNG ?= $(TRACES)/dashboard.png
 dashboard-screenshot:
 	$(if $(BENCH),,$(error BENCH=<benchmark> is required, e.g. BENCH=Softmax.time_device))
 	$(PY) -m kernels.dashboard $(RESULTS) $(BENCH) --png $(PNG) \

@@ -20,7 +20,7 @@ does not allow), and has headless Chromium draw the benchmark's page into a
 PNG; it returns the page's DOM after the scripts ran, for `graph_facts`.
 
     python -m kernels.dashboard perf_tests/results/asv benchmarks.Softmax.time_device \\
-        --png softmax.png
+        --png traces/softmax.png
 """
 
 from __future__ import annotations
