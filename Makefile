@@ -58,7 +58,7 @@ pytest: install
 # Every README command not labelled for a GPU, run in a fresh clone with an empty home
 # (correctness_tests/test_readme.py); prints each command's time and outcome.
 readme-check: install
-	$(BIN)/python -m pytest -m readme -p no:xdist -p no:cacheprovider -s -q
+	KERNELPERF_README_CHECK=1 $(BIN)/python -m pytest -m readme -p no:xdist -p no:cacheprovider -s -q
 
 # On a GPU machine whose python3 already has jax[cuda], torch and triton: as many xdist
 # workers as the GPU's memory holds (README, "GPU test runs").
