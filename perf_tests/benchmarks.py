@@ -59,10 +59,11 @@ BENCH_TAG = "bench"
 DASHBOARD_VARIABLE = "KERNELPERF_DASHBOARD_METRICS"
 # Device-time samples per asv round: at least, at most, and the wall-time cap (s).
 REPEAT = (10, 100, 20.0)
-# Without a GPU the default set is one operation, forward, implementations that run here: each
-# (method, parameters) is a process of its own that starts JAX and compiles, Pallas and Triton
-# run interpreted, and the whole CPU set (44 parameter sets x 6 methods) ran past 10 minutes on
-# 2 cores. KERNELPERF_BENCH_FULL=1 runs the whole set; a GPU always does.
+# Without a GPU the default set is one operation, forward, the implementations that run here
+# outside Triton's interpreter: each (method, parameters) is a process of its own that starts
+# JAX and compiles, Pallas and Triton run interpreted, and the whole CPU set (44 parameter sets
+# x 6 methods) ran past 10 minutes on 2 cores. KERNELPERF_BENCH_FULL=1 runs the whole set; a
+# GPU always does.
 CPU_QUICK_OPS = ("softmax",)
 CPU_QUICK_DIRECTIONS = ("fwd",)
 # ... and fewer device-time samples: asv prints nothing while a method runs over its
@@ -98,6 +99,12 @@ def _wanted(name: str, variable: str) -> bool:
 def cpu_quick() -> bool:
     """Whether this run takes the quick CPU set (no GPU here, KERNELPERF_BENCH_FULL unset)."""
     return not environment.nvidia_gpu_present() and os.environ.get("KERNELPERF_BENCH_FULL") != "1"
+
+
+def _triton_interpreted(impl: registry.Implementation) -> bool:
+    """A Triton kernel, which a CPU runs in Triton's interpreter: left out of the quick set, as
+    one call of the softmax case takes ~0.2 s there and track_launch alone took 100 s."""
+    return "triton" in impl.requires.modules
 
 
 # The machine a CPU run has, described without starting JAX (see bench_cases).
@@ -279,8 +286,8 @@ def _suite(op: registry.Operation) -> type | None:
     quick = cpu_quick()
     impls = [i for i in registry.implementations(op.name)
              if _wanted(i.name, "KERNELPERF_BENCH_IMPLS")
-             and not (quick and any(devices.case_unavailable_reason(i, c, _CPU_MACHINE)
-                                    for c in cases))]
+             and not (quick and (_triton_interpreted(i) or any(
+                 devices.case_unavailable_reason(i, c, _CPU_MACHINE) for c in cases)))]
     directions = [d for d in registry.DIRECTIONS if _wanted(d, "KERNELPERF_BENCH_DIRECTIONS")
                   and not (quick and d not in CPU_QUICK_DIRECTIONS)]
     if not cases or not impls or not directions:
