@@ -33,8 +33,16 @@ ROOT = Path(__file__).resolve().parent.parent
 GPU_LABEL = re.compile(r"^GPUs?\b")
 NEEDS_LABEL = re.compile(r"^needs\b")
 # CPU commands the check does not run, and why.
+_NIGHTLY = ("the nightly workflow's step, against a remote's asv-results and gh-pages branches "
+            "(push would write to the repository cloned from): test_history.py rehearses it")
 NOT_RUN = {
     "make test": "the README check runs inside it",
+    **{f"python -m kernels.history {step}": _NIGHTLY
+       for step in ("fetch", "run", "push", "fetch publish", "deploy")},
+    "python -m asv preview": "serves on 8080 until stopped; `make dashboard` is checked",
+    "KERNELPERF_BENCH_IMPLS=pallas KERNELPERF_BENCH_CASES=f32-32768x4096 "
+    "KERNELPERF_BENCH_DIRECTIONS=fwd python -m asv find main~8..main 'Softmax\\.time_device'":
+        "a GPU case (f32-32768x4096); perf_tests/asv_find_planted.py checks asv find on CPU",
     "python -m kernels gate-power": "asv continuous on 16 plants in a scratch clone: hours on a "
                                     "CPU; its narrowed form below runs",
 }
