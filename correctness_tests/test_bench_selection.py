@@ -32,6 +32,11 @@ def test_cpu_default_is_the_quick_set(monkeypatch):
     # interpreter, forward only.
     assert "cuda" not in impls and "triton" not in impls and {"pallas", "xla"} <= set(impls)
     assert cases == ["f32-64x1000"] and directions == ["fwd"]
+    # Implementations named explicitly run, Triton's too (gate-power --families triton).
+    monkeypatch.setenv("KERNELPERF_BENCH_IMPLS", "triton")
+    named = {cls.__name__: cls.params for op in registry.operations()
+             if (cls := benchmarks._suite(op)) is not None}
+    assert named == {"Softmax": [["triton"], ["f32-64x1000"], ["fwd"]]}
 
 
 def test_full_flag_and_gpu_run_every_benchmark(monkeypatch):

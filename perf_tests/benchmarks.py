@@ -102,9 +102,10 @@ def cpu_quick() -> bool:
 
 
 def _triton_interpreted(impl: registry.Implementation) -> bool:
-    """A Triton kernel, which a CPU runs in Triton's interpreter: left out of the quick set, as
+    """A Triton kernel, which a CPU runs in Triton's interpreter: left out of the quick set
+    unless KERNELPERF_BENCH_IMPLS names implementations (gate-power --families triton does), as
     one call of the softmax case takes ~0.2 s there and track_launch alone took 100 s."""
-    return "triton" in impl.requires.modules
+    return "triton" in impl.requires.modules and not os.environ.get("KERNELPERF_BENCH_IMPLS")
 
 
 # The machine a CPU run has, described without starting JAX (see bench_cases).
