@@ -46,6 +46,11 @@ NOT_RUN = {
     "python -m kernels gate-power": "asv continuous on 16 plants in a scratch clone: hours on a "
                                     "CPU; its narrowed form below runs",
 }
+# Commands whose exit 1 is a verdict, not a failure to run: the last line that marks the verdict.
+# gate-power on a shared CPU (samples' CV ~20%) misses a 5% plant and may call an A/A change
+# noisy; it works as shown when it gets to its verdict.
+VERDICTS = {"python -m kernels gate-power --families triton --sizes 5% --trials 1 --aa-trials 1":
+            re.compile(r"^gate-power: (FAILED for|every plant)")}
 # Commands that serve until stopped: (what they print once serving, the path to fetch).
 SERVERS = {"make dashboard": ("Serving at", "index.json"), "make xprof-serve": ("xprof", "")}
 COMMAND_TIMEOUT_S = 900
@@ -98,7 +103,8 @@ def test_readme_commands_are_parsed_and_gpu_ones_labelled():
                      "seq-lengths=128,256,512,1024,2048,4096"):
         assert commands[gpu_only].label == "gpu", gpu_only
     assert commands["make download-traces h=user@gpu-box k=~/.ssh/id"].label == "needs"
-    assert set(NOT_RUN) <= set(commands), "NOT_RUN names a command the README no longer shows"
+    assert set(NOT_RUN) | set(VERDICTS) <= set(commands), \
+        "NOT_RUN or VERDICTS names a command the README no longer shows"
 
 
 # GPU-only commands of the README, as the CLI receives them, and the one line each must print
@@ -201,7 +207,7 @@ def _serve(command: Command, clone: Path, env: dict, shipped: list[str]) -> tupl
 @pytest.mark.readme
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("KERNELPERF_README_CHECK") != "1",
-                    reason="about 15 minutes on 2 cores: run by `make readme-check` (in make test)")
+                    reason="about 6 minutes on 2 cores: run by `make readme-check` (in make test)")
 def test_every_cpu_command_in_the_readme_runs(tmp_path):
     clone = _clone(tmp_path)
     home = tmp_path / "home"
@@ -229,8 +235,15 @@ def test_every_cpu_command_in_the_readme_runs(tmp_path):
                 log.write_text(f"$ {command.text}\n{result.stdout}\n{result.stderr}")
                 lines = (result.stdout + result.stderr).strip().splitlines()
                 ok = result.returncode == 0
-                outcome = f"exit {result.returncode}" + ("" if ok else f" (output: {log}): " +
-                                                         " | ".join(lines[-3:]))
+                verdict = VERDICTS.get(command.text)
+                if verdict and result.returncode == 1 and "Traceback" not in result.stderr:
+                    said = [line for line in lines if verdict.match(line)]
+                    ok = bool(said)
+                    if ok:
+                        lines = said
+                outcome = f"exit {result.returncode}" + (
+                    f" (its verdict: {lines[-1]})" if ok and result.returncode else "" if ok
+                    else f" (output: {log}): " + " | ".join(lines[-3:]))
             except subprocess.TimeoutExpired:
                 ok, outcome = False, f"still running after {COMMAND_TIMEOUT_S} s"
         seconds = time.monotonic() - start
