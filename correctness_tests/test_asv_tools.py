@@ -1,7 +1,9 @@
 """Verdicts of `python -m kernels compare`: each unit judged the right way up, noise respected."""
 
 import dataclasses
+import json
 import pathlib
+import time
 
 import numpy as np
 import pytest
@@ -114,12 +116,19 @@ def test_noise_floor_is_the_largest_same_commit_shift_and_raises_the_bar():
     assert [row.verdict for row in rows] == ["slower"] and asv_tools.exit_status(rows) == 1
 
 
+def _fresh(result: asv_tools.Result) -> asv_tools.Result:
+    """`result` as measured by the run in progress (asv stamps when it started a benchmark)."""
+    return dataclasses.replace(result, started_at=time.time() * 1000)
+
+
 def test_learned_floors_round_trip_through_the_results_folder(tmp_path, monkeypatch):
     key = (TIME, ("'xla'",))
     runs = iter([{key: _timed(1.0e-3, 1e-7)}, {key: _timed(1.1e-3, 1e-7)}])
     monkeypatch.setattr(asv_tools, "full_hash", lambda revision: "c" * 40)
     monkeypatch.setattr(asv_tools, "bench", lambda revisions, bench_regex=None: "test-machine")
-    monkeypatch.setattr(asv_tools, "load", lambda results_dir, machine, commit: next(runs))
+    # Stamped when loaded, as asv stamps each benchmark during the run that just ended.
+    monkeypatch.setattr(asv_tools, "load", lambda results_dir, machine, commit:
+                        {k: _fresh(r) for k, r in next(runs).items()})
     results = str(tmp_path / "results")
     floors = asv_tools.learn_floors("HEAD", 2, results_dir=results)
     assert floors == {asv_tools.floor_key(key): pytest.approx(0.1, rel=1e-3)}
@@ -201,3 +210,42 @@ def test_asv_benchmark_dir_holds_only_the_benchmarks():
     bench_dir = pathlib.Path(__file__).parents[1] / "perf_tests"
     modules = sorted(p.name for p in bench_dir.glob("*.py"))
     assert modules == ["__init__.py", "benchmarks.py"], modules
+
+
+def test_floors_come_only_from_runs_of_that_benchmark(tmp_path, monkeypatch):
+    """`make noise-floor BENCH=Softmax`: asv's results file still holds Attention's and Matmul's
+    values from an earlier run; they must not become 0.0% floors, and the floor learned earlier
+    for Attention must stay as it was."""
+    softmax = (TIME, ("'xla'",))
+    attention = ("benchmarks.Attention.time_device", ("'xla'",))
+    matmul = ("benchmarks.Matmul.time_device", ("'xla'",))
+    stale = {attention: dataclasses.replace(_timed(2e-3, 1e-7), started_at=1.0),
+             matmul: dataclasses.replace(_timed(3e-3, 1e-7), started_at=1.0)}
+    values = iter([1.0e-3, 1.25e-3, 1.1e-3])
+    monkeypatch.setattr(asv_tools, "full_hash", lambda revision: "c" * 40)
+    monkeypatch.setattr(asv_tools, "bench", lambda revisions, bench_regex=None: "test-machine")
+    monkeypatch.setattr(asv_tools, "load", lambda results_dir, machine, commit:
+                        {**stale, softmax: _fresh(_timed(next(values), 1e-7))})
+    results = str(tmp_path / "results")
+    path = asv_tools.floors_path("test-machine", results)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"floors": {asv_tools.floor_key(attention): 0.3}}))
+    learned = asv_tools.learn_floors("HEAD", 3, bench_regex="Softmax", results_dir=results)
+    assert learned == {asv_tools.floor_key(softmax): pytest.approx(0.25, rel=1e-3)}
+    assert asv_tools.load_floors("test-machine", results) == {
+        asv_tools.floor_key(softmax): pytest.approx(0.25, rel=1e-3),
+        asv_tools.floor_key(attention): 0.3}  # kept unchanged; none invented for Matmul
+    # The compare table names the rows that have no floor.
+    rows = asv_tools.compare({matmul: _timed(3e-3, 1e-7)}, {matmul: _timed(3e-3, 1e-7, seed=1)})
+    text = asv_tools.render(rows, asv_tools.load_floors("test-machine", results))
+    assert "noise floor" in text.splitlines()[0] and " none " in text.splitlines()[2]
+
+
+def test_compare_of_a_commit_with_itself_says_so(monkeypatch, capsys):
+    monkeypatch.setattr(asv_tools, "full_hash", lambda revision: "c" * 40)
+    monkeypatch.setattr(asv_tools, "load", lambda results_dir, machine, commit:
+                        {(TIME, ("'xla'",)): _timed(1e-3, 1e-7)})
+    assert asv_tools.run("main", "HEAD", machine="test-machine") == 0
+    out = capsys.readouterr().out
+    assert "main and HEAD are the same commit (cccccccc): nothing to compare" in out
+    assert "1.000" not in out and "Softmax.time_device" in out

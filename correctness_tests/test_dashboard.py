@@ -3,6 +3,7 @@ published by kernels.dashboard, opened in headless chromium (no network needed).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import tempfile
@@ -69,3 +70,36 @@ def test_published_dashboard_draws_the_benchmark_graph(tiny_results, tmp_path):
     assert "https://cdn" not in index and "code.jquery.com" not in index
     for name in [*dashboard.VENDOR, *dashboard.SHIMS]:
         assert (tmp / "html" / "vendor" / name).is_file(), name
+
+
+def _results_folder(root: Path, machine: str, params: list, version: str) -> Path:
+    (root / machine).mkdir(parents=True)
+    (root / machine / "machine.json").write_text(json.dumps({"machine": machine, "version": 1}))
+    (root / machine / "c0ffee-env.json").write_text("{}")
+    benchmarks = {BENCHMARK: {"name": BENCHMARK, "params": params, "version": version},
+                  "version": 2}
+    (root / "benchmarks.json").write_text(json.dumps(benchmarks))
+    return root
+
+
+def test_dashboard_publishes_shipped_and_local_results_together(tmp_path):
+    """`make dashboard`: the GPU results the repository ships and this machine's CPU results in
+    one published folder, each benchmark's parameters the union of both."""
+    shipped = _results_folder(tmp_path / "shipped", "nvidia-h100-80gb-hbm3",
+                              [["'pallas'", "'xla'"], ["'f32-32768x4096'"], ["'fwd'"]], "v1")
+    local = _results_folder(tmp_path / "local", "amd-epyc",
+                            [["'pallas'", "'torch'"], ["'f32-64x1000'"], ["'fwd'"]], "v1")
+    lines = dashboard.combine_results([shipped, tmp_path / "absent", local], tmp_path / "both")
+    assert sorted(p.name for p in (tmp_path / "both").iterdir()) == [
+        "amd-epyc", "benchmarks.json", "nvidia-h100-80gb-hbm3"]
+    assert (tmp_path / "both" / "nvidia-h100-80gb-hbm3" / "c0ffee-env.json").is_file()
+    merged = json.loads((tmp_path / "both" / "benchmarks.json").read_text())
+    assert merged[BENCHMARK]["params"] == [["'pallas'", "'xla'", "'torch'"],
+                                           ["'f32-32768x4096'", "'f32-64x1000'"], ["'fwd'"]]
+    assert len(lines) == 2 and "not shown" not in " ".join(lines)
+    # Results recorded by other benchmark code are left out by asv: said, not silent.
+    (local / "benchmarks.json").write_text(json.dumps(
+        {BENCHMARK: {"name": BENCHMARK, "params": [["'xla'"], ["'f32-64x1000'"], ["'fwd'"]],
+                     "version": "v2"}}))
+    lines = dashboard.combine_results([shipped, local], tmp_path / "both")
+    assert lines[0].endswith(f"not shown, recorded by other code: {BENCHMARK}")

@@ -28,6 +28,7 @@ import itertools
 import json
 import math
 import subprocess
+import time
 from pathlib import Path
 
 LOWER_IS_BETTER = {"time_device": True, "track_tflops": False, "track_gbps": False,
@@ -44,6 +45,9 @@ class Result:
     value: float | None
     samples: list[float] | None
     stats: dict | None
+    # When asv started this benchmark (ms since the epoch, asv's own stamp): a results file
+    # keeps every benchmark's last value, so this tells the ones a given run measured.
+    started_at: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +156,7 @@ def load(results_dir: str, machine: str, commit: str) -> dict[tuple[str, tuple[s
     found: dict[tuple[str, tuple[str, ...]], Result] = {}
     for res in asv_results.iter_results_for_machine_and_hash(results_dir, machine, commit):
         for key in res.get_all_result_keys():
+            started_at = res.started_at.get(key)
             params = res.get_result_params(key)
             combos = list(itertools.product(*params)) if params else [()]
             values = res.get_result_value(key, params)
@@ -162,7 +167,7 @@ def load(results_dir: str, machine: str, commit: str) -> dict[tuple[str, tuple[s
             for combo, value, sample, stat in zip(combos, values, samples, stats, strict=True):
                 if value is not None and isinstance(value, float) and math.isnan(value):
                     value = None
-                found[(key, tuple(combo))] = Result(value, sample, stat)
+                found[(key, tuple(combo))] = Result(value, sample, stat, started_at)
     return found
 
 
@@ -227,13 +232,24 @@ def _format(value: float | None, benchmark: str) -> str:
     return f"{value:.3g} {unit}".strip()
 
 
-def render(rows: list[Row]) -> str:
+def _floor_text(row: Row, floors: dict[str, float]) -> str:
+    if not _method(row.benchmark).startswith("time_"):
+        return "-"  # track_ rows keep no samples to learn a floor from
+    floor = floors.get(floor_key((row.benchmark, row.params)))
+    return "none" if floor is None else f"{floor:.1%}"
+
+
+def render(rows: list[Row], floors: dict[str, float] | None = None) -> str:
+    """The compare table; with `floors`, a column with each time_ row's noise floor ("none"
+    where none was learned)."""
     from kernels.cli import table
 
     body = [[row.benchmark.removeprefix("benchmarks."), ", ".join(p.strip("'") for p in row.params),
              _format(row.base, row.benchmark), _format(row.head, row.benchmark),
-             f"{row.ratio:.3f}" if row.ratio is not None else "-", row.verdict] for row in rows]
-    return table(body, ["benchmark", "parameters", "base", "head", "head/base", "verdict"])
+             f"{row.ratio:.3f}" if row.ratio is not None else "-",
+             *([_floor_text(row, floors)] if floors else []), row.verdict] for row in rows]
+    return table(body, ["benchmark", "parameters", "base", "head", "head/base",
+                        *(["noise floor"] if floors else []), "verdict"])
 
 
 # The order rows take in the Markdown summary: what a reviewer must look at first.
@@ -298,6 +314,8 @@ def run(base_rev: str, head_rev: str, *, machine: str, results_dir: str = ".asv/
     With `summary_md`, the table is also appended to that file as Markdown (render_markdown;
     the pull-request workflow passes $GITHUB_STEP_SUMMARY)."""
     base_hash, head_hash = full_hash(base_rev), full_hash(head_rev)
+    if base_hash == head_hash:
+        return _same_commit(base_rev, head_rev, head_hash, machine, results_dir)
     base = load(results_dir, machine, base_hash)
     head = load(results_dir, machine, head_hash)
     if not base or not head:
@@ -310,7 +328,7 @@ def run(base_rev: str, head_rev: str, *, machine: str, results_dir: str = ".asv/
           f"changes under {min_gap:.0%} count as same" +
           (f", and under each benchmark's noise floor ({len(floors)} learned)" if floors else
            "; no noise floors learned here (`python -m kernels noise-floor`)"))
-    print(render(rows))
+    print(render(rows, floors))
     words = sorted({row.verdict for row in rows})
     counts = {word: sum(row.verdict == word for row in rows) for word in words}
     print("summary: " + ", ".join(f"{n} {word}" for word, n in counts.items()))
@@ -325,11 +343,33 @@ def run(base_rev: str, head_rev: str, *, machine: str, results_dir: str = ".asv/
     return exit_status(rows)
 
 
+def _same_commit(base_rev: str, head_rev: str, commit: str, machine: str,
+                 results_dir: str) -> int:
+    """Base and head are one commit: asv keeps one result per commit, so there is nothing to
+    compare (every ratio would read 1.000). Say so and list the commit's values."""
+    from kernels.cli import table
+
+    print(f"machine {machine}: {base_rev} and {head_rev} are the same commit ({commit[:8]}): "
+          "nothing to compare (asv keeps one result per commit); its values follow. "
+          "`make noise-floor` compares runs of one commit.")
+    results = load(results_dir, machine, commit)
+    if not results:
+        raise SystemExit(f"no asv results on machine {machine!r} for {head_rev} in "
+                         f"{results_dir}; run `make bench` first")
+    print(table([[key[0].removeprefix("benchmarks."), ", ".join(p.strip("'") for p in key[1]),
+                  _format(result.value, key[0])]
+                 for key, result in sorted(results.items()) if result.value is not None],
+                ["benchmark", "parameters", "value"]))
+    return 0
+
+
 # Noise floors: the largest relative shift of each time_ benchmark's value between asv runs of
 # one commit on this machine, learned by `python -m kernels noise-floor` and kept beside the
 # results. Processes on a shared machine can differ by 10-25% (seen on a 2-core CPU VM, where
 # asv's tests on 100 samples a side then call an unchanged commit slower); a change must
-# exceed the floor to count.
+# exceed the floor to count. A floor comes only from runs that measured that benchmark: asv's
+# results file for a commit keeps the last value of every benchmark, so a run narrowed by
+# --bench would otherwise read the others' unchanged values as a 0.0% floor.
 
 def floor_key(key: tuple[str, tuple[str, ...]]) -> str:
     return f"{key[0]}({', '.join(key[1])})"
@@ -340,8 +380,15 @@ def floors_path(machine: str, results_dir: str = ".asv/results") -> Path:
     return Path(results_dir).parent / "noise-floors" / f"{machine}.json"
 
 
+def measured_since(results: dict, since_ms: float) -> dict:
+    """The rows of `results` (from `load`) that asv started at or after `since_ms`."""
+    return {key: result for key, result in results.items()
+            if result.started_at is not None and result.started_at >= since_ms}
+
+
 def floors_from_runs(runs: list[dict]) -> dict[str, float]:
-    """Per time_ benchmark row, max/min - 1 of its values over `runs` (results of one commit)."""
+    """Per time_ benchmark row, max/min - 1 of its values over `runs` (results of one commit,
+    each holding only the rows that run measured); rows measured fewer than twice get none."""
     values: dict[str, list[float]] = {}
     for results in runs:
         for key, result in results.items():
@@ -350,29 +397,47 @@ def floors_from_runs(runs: list[dict]) -> dict[str, float]:
     return {name: max(v) / min(v) - 1 for name, v in values.items() if len(v) > 1}
 
 
-def load_floors(machine: str, results_dir: str = ".asv/results") -> dict[str, float]:
+def _floors_file(machine: str, results_dir: str) -> dict:
     path = floors_path(machine, results_dir)
-    return json.loads(path.read_text())["floors"] if path.exists() else {}
+    return json.loads(path.read_text()) if path.exists() else {"floors": {}}
+
+
+def load_floors(machine: str, results_dir: str = ".asv/results") -> dict[str, float]:
+    return _floors_file(machine, results_dir)["floors"]
 
 
 def learn_floors(revision: str, runs: int, *, bench_regex: str | None = None,
                  results_dir: str = ".asv/results") -> dict[str, float]:
-    """Run asv `runs` times on `revision` and store each time_ row's noise floor."""
+    """Run asv `runs` times on `revision` and store the noise floor of each time_ row measured
+    in at least two of the runs; floors learned before for other rows are kept as they were.
+    Returns the floors learned by this call."""
     if runs < 2:
         raise ValueError(f"runs: expected at least 2 runs of one commit, got {runs}")
     commit = full_hash(revision)
     seen = []
     for index in range(runs):
         print(f"noise floor: run {index + 1} of {runs} on {revision} ({commit[:8]})", flush=True)
+        since_ms = int(time.time() * 1000)
         machine = bench([revision], bench_regex=bench_regex)
-        seen.append(load(results_dir, machine, commit))
+        seen.append(measured_since(load(results_dir, machine, commit), since_ms))
     floors = floors_from_runs(seen)
+    stored = _floors_file(machine, results_dir)
+    kept = {name: floor for name, floor in stored["floors"].items() if name not in floors}
+    learned = {name: entry for name, entry in stored.get("learned", {}).items() if name in kept}
+    learned.update({name: {"commit": commit, "runs": runs} for name in floors})
     path = floors_path(machine, results_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"commit": commit, "runs": runs, "floors": floors}, indent=1))
+    path.write_text(json.dumps({"floors": {**kept, **floors}, "learned": learned}, indent=1))
     from kernels.cli import table
 
-    print(table([[name.removeprefix("benchmarks."), f"{floor:.1%}"]
-                 for name, floor in sorted(floors.items())], ["benchmark", "noise floor"]))
-    print(f"wrote {path}")
+    timed = sorted({floor_key(key) for run in seen for key in run
+                    if _method(key[0]).startswith("time_")})
+    rows = [[name.removeprefix("benchmarks."),
+             f"{floors[name]:.1%}" if name in floors else "none (measured in fewer than 2 runs)",
+             "learned now" if name in floors else "-"] for name in timed if name not in kept]
+    rows += [[name.removeprefix("benchmarks."), f"{floor:.1%}",
+              f"kept (commit {str(learned.get(name, {}).get('commit', '?'))[:8]})"]
+             for name, floor in sorted(kept.items())]
+    print(table(rows, ["benchmark", "noise floor", "source"]))
+    print(f"wrote {path}: {len(floors)} learned now, {len(kept)} kept from earlier runs")
     return floors

@@ -96,6 +96,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from kernels import asv_tools
 
     revisions = [args.base, args.head] if args.base else [args.head]
+    if args.base and asv_tools.full_hash(args.base) == asv_tools.full_hash(args.head):
+        revisions = [args.head]  # a second asv run of one commit would overwrite the first
     machine = asv_tools.bench(revisions, bench_regex=args.bench)
     if not args.base:
         return 0

@@ -9,13 +9,18 @@ versions asv asks for; bootstrap 3.4.1 for asv's 3.1.1); the two plug-ins
 Debian lacks get one-line stand-ins (`SHIMS`: no table sorting, bars drawn
 unordered). Line graphs, the dashboard's graphs, need neither.
 
+`publish_all(html_dir)` (`make dashboard`, `make bench`) publishes the
+results the repository ships (`perf_tests/results/asv/`, one folder per GPU
+model) together with this machine's (`.asv/results/`), merged by
+`combine_results`, for commits on main and on the branch checked out.
+
 `screenshot(results_dir, benchmark, png)` publishes a results folder into a
 dashboard, serves it on 127.0.0.1 (asv's pages fetch their JSON, which file://
 does not allow), and has headless Chromium draw the benchmark's page into a
 PNG; it returns the page's DOM after the scripts ran, for `graph_facts`.
 
     python -m kernels.dashboard perf_tests/results/asv benchmarks.Softmax.time_device \\
-        --png softmax.png
+        --png traces/softmax.png
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# Results kept in the repository (recorded on GPU machines), and this machine's asv results.
+SHIPPED_RESULTS = ROOT / "perf_tests" / "results" / "asv"
+LOCAL_RESULTS = ROOT / ".asv" / "results"
 
 # File name in asv's CDN address -> (Debian package, its copies of the same library; first
 # found wins). jQuery's is byte-identical to the CDN's file.
@@ -154,6 +162,79 @@ def publish(results_dir: str | os.PathLike, html_dir: str | os.PathLike, *,
     run_asv(asv_config(Path(repo).resolve(), Path(results_dir).resolve(), html_dir, branches),
          "publish", "--no-pull")
     localize(html_dir)
+    return html_dir
+
+
+def _union(lists: list[list]) -> list:
+    return list(dict.fromkeys(item for values in lists for item in values))
+
+
+def combine_results(sources: list[str | os.PathLike], into: str | os.PathLike) -> list[str]:
+    """Merge asv results folders into `into` (emptied first) for one `asv publish`.
+
+    Machine folders are copied (a machine found in several sources gets every
+    file, a later source winning on the same file name). benchmarks.json takes
+    each benchmark from the last source that has it, with each parameter's
+    values the union over the sources, so results recorded on a GPU (real-size
+    cases) and on a CPU (tiny cases) are both shown. asv publish leaves out
+    results whose benchmark version (a hash of its code) differs from the
+    merged one; those are named in the lines returned.
+
+    Returns one line per source saying what it contributed.
+    """
+    into = Path(into)
+    shutil.rmtree(into, ignore_errors=True)
+    into.mkdir(parents=True)
+    merged: dict[str, dict] = {}
+    found: list[tuple[Path, dict, list[str]]] = []
+    for source in map(Path, sources):
+        listing = source / "benchmarks.json"
+        if not listing.is_file():
+            continue
+        benchmarks = json.loads(listing.read_text())
+        machines = sorted(p.name for p in source.iterdir() if (p / "machine.json").is_file())
+        found.append((source, benchmarks, machines))
+        for name, entry in benchmarks.items():
+            if not isinstance(entry, dict):
+                continue
+            before = merged.get(name)
+            merged[name] = dict(entry)
+            if before and before.get("params") and entry.get("params"):
+                merged[name]["params"] = [_union([a, b]) for a, b in
+                                          zip(before["params"], entry["params"], strict=True)]
+        for machine in machines:
+            shutil.copytree(source / machine, into / machine, dirs_exist_ok=True)
+    lines = []
+    for source, benchmarks, machines in found:
+        stale = sorted(name for name, entry in benchmarks.items() if isinstance(entry, dict)
+                       and entry.get("version") != merged[name].get("version"))
+        lines.append(f"{source}: {', '.join(machines) or 'no machines'}" +
+                     (f"; not shown, recorded by other code: {', '.join(stale)}" if stale else ""))
+    merged["version"] = 2  # asv's benchmarks.json format
+    (into / "benchmarks.json").write_text(json.dumps(merged, indent=1))
+    return lines
+
+
+def _current_branch(repo: Path) -> str | None:
+    result = subprocess.run(["git", "-C", str(repo), "rev-parse", "--abbrev-ref", "HEAD"],
+                            capture_output=True, text=True)
+    branch = result.stdout.strip()
+    return branch if result.returncode == 0 and branch != "HEAD" else None
+
+
+def publish_all(html_dir: str | os.PathLike = ROOT / ".asv" / "html", *,
+                sources: tuple[Path, ...] = (SHIPPED_RESULTS, LOCAL_RESULTS)) -> Path:
+    """The shipped results and this machine's, published together into `html_dir`, offline,
+    for commits on asv.conf.json's branches and the branch checked out."""
+    combined = ROOT / ".asv" / "dashboard-results"
+    for line in combine_results(list(sources), combined):
+        print(f"dashboard: {line}")
+    branches = json.loads((ROOT / "asv.conf.json").read_text())["branches"]
+    current = _current_branch(ROOT)
+    if current and current not in branches:
+        branches = [*branches, current]
+    html_dir = publish(combined, html_dir, branches=branches)
+    print(f"dashboard: published {html_dir} (branches {', '.join(branches)})")
     return html_dir
 
 
@@ -283,7 +364,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="print the Debian packages this needs and lacks, then exit")
     parser.add_argument("--localize", metavar="HTML_DIR", help="only point an `asv publish` "
                         "output's CDN scripts at local copies, then exit")
+    parser.add_argument("--publish", metavar="HTML_DIR", help="publish the shipped results "
+                        f"({SHIPPED_RESULTS.relative_to(ROOT)}) and this machine's "
+                        f"({LOCAL_RESULTS.relative_to(ROOT)}) together into HTML_DIR, then exit")
     args = parser.parse_args(argv)
+    if args.publish:
+        reason = unavailable_reason() if missing_packages() != ["chromium"] else None
+        if reason:  # publishing needs the JavaScript copies, not the browser
+            print(reason, file=sys.stderr)
+            return 2
+        publish_all(args.publish)
+        return 0
     if args.missing_packages:
         print(" ".join(missing_packages()))
         return 0

@@ -88,24 +88,57 @@ def _attention_dims(op, args) -> dict[str, list[int]]:
     return dims
 
 
+def _fwd_bytes(op, case) -> float:
+    return op.work(case, "fwd").bytes
+
+
+def refuse_gpu_sizes(op, cases: list, flag: str) -> None:
+    """On a machine without a GPU, stop (one line) if a case built from `flag` moves more bytes
+    than the operation's largest "cpu" case: interpreted kernels take hours at real sizes."""
+    from kernels import memory
+
+    cpu_cases = op.cases_tagged("cpu")
+    cap = max((_fwd_bytes(op, c) for c in cpu_cases), default=0.0)
+    large = [c for c in cases if _fwd_bytes(op, c) > cap]
+    if large:
+        raise SystemExit(
+            f"{flag}: expected CPU sizes here (no GPU; at most {memory.human(cap)} moved, "
+            f"{op.name}'s largest \"cpu\" case), got {large[0].id} "
+            f"({memory.human(_fwd_bytes(op, large[0]))}){' and more' if len(large) > 1 else ''}"
+            f"; run it on a GPU, or pass --any-size")
+
+
 def select(args) -> tuple[Any, list, list]:
-    """(operation, implementations, cases) named by the common arguments."""
+    """(operation, implementations, cases) named by the common arguments.
+
+    Without a GPU: cases built from --dims or the attention flags must be CPU-sized
+    (`refuse_gpu_sizes`, unless --any-size), and with no --tags or --case the
+    operation's "bench" CPU case stands for its CPU set (the quick default)."""
     from kernels import devices, registry
 
     op = registry.operation(args.op)
     impls = [registry.implementation(op.name, n) for n in args.impl] if args.impl \
         else registry.implementations(op.name)
+    on_gpu = devices.this_machine().has_gpu
     dims = dict(args.dims or [])
     dims.update(_attention_dims(op, args))
     if dims:
         dtypes = args.dtype or sorted({c.dtype for c in op.cases_tagged("gpu")},
                                       key=["bf16", "f16", "f32"].index)
         cases = cases_from_dims(op, dims, dtypes)
+        if not on_gpu and not args.any_size:
+            refuse_gpu_sizes(op, cases, "--dims" if args.dims else
+                             "--batch/--heads/--head-dim/--seq-lengths")
     else:
-        tags = args.tags or ["gpu" if devices.this_machine().has_gpu else "cpu"]
+        tags = args.tags or ["gpu" if on_gpu else "cpu"]
         cases = registry.select_cases(op, tags)
         if args.dtype:
             cases = [c for c in cases if c.dtype in args.dtype]
+        quick = [c for c in cases if "bench" in c.tags]
+        if not (on_gpu or args.tags or args.case) and quick and len(quick) < len(cases):
+            print(f"no GPU: {op.name}'s bench case ({', '.join(c.id for c in quick)}) only; "
+                  f"--tags cpu for all {len(cases)} CPU cases", flush=True)
+            cases = quick
     if args.case:
         cases = [c for c in cases if any(pattern in c.id for pattern in args.case)]
     if not cases:
@@ -279,6 +312,10 @@ def cmd_roofline(args: argparse.Namespace) -> int:
 def cmd_plot_roofline(args: argparse.Namespace) -> int:
     from kernels.roofline import report
 
+    if not pathlib.Path(args.json).is_file():
+        raise SystemExit(f"json: expected a roofline data file (make roofline writes "
+                         f"traces/roofline_data_<model>_<time>.json), got {args.json!r}: "
+                         f"no such file")
     for png in report.plot_data(pathlib.Path(args.json),
                                 pathlib.Path(args.out) if args.out else None):
         print(f"wrote {png}")
@@ -419,6 +456,9 @@ def _selection_arguments(parser: argparse.ArgumentParser) -> None:
                         help="attention: head dimensions")
     parser.add_argument("--seq-lengths", dest="seq_lengths", type=_int_list,
                         help="attention: sequence lengths, e.g. 128,256,512")
+    parser.add_argument("--any-size", dest="any_size", action="store_true",
+                        help="without a GPU, run --dims / attention sizes larger than the "
+                             "operation's CPU cases anyway")
     parser.add_argument("--regime", choices=("cold", "hot"), default="cold")
     parser.add_argument("--budget", type=float, help="wall-time budget per timing (s)")
     parser.add_argument("--mixed-clocks", dest="mixed_clocks", action="store_true",

@@ -50,8 +50,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     op = registry.operation(args.op)
     case = _case(op, args.case)
+    machine = devices.this_machine()
+    if not machine.has_gpu and "cpu" not in case.tags:
+        cpu_cases = [c.id for c in op.cases_tagged("cpu")]
+        example = next((c.id for c in op.cases_tagged("bench") if c.id in cpu_cases),
+                       cpu_cases[0] if cpu_cases else "none")
+        raise SystemExit(f"--case: expected a CPU case here (no GPU), e.g. {example}; got "
+                         f"{case.id}, a real-size GPU case")
     impls = _impls(op.name, args.impl)
-    print(f"machine: {devices.this_machine().describe()}", flush=True)
+    print(f"machine: {machine.describe()}", flush=True)
     labelled: list[tuple[str, Callable[[], Any]]] = []
     for impl in impls:
         reason = devices.case_unavailable_reason(impl, case)

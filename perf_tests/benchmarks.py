@@ -59,6 +59,16 @@ BENCH_TAG = "bench"
 DASHBOARD_VARIABLE = "KERNELPERF_DASHBOARD_METRICS"
 # Device-time samples per asv round: at least, at most, and the wall-time cap (s).
 REPEAT = (10, 100, 20.0)
+# Without a GPU the default set is one operation, forward, the implementations that run here
+# outside Triton's interpreter: each (method, parameters) is a process of its own that starts
+# JAX and compiles, Pallas and Triton run interpreted, and the whole CPU set (44 parameter sets
+# x 6 methods) ran past 10 minutes on 2 cores. KERNELPERF_BENCH_FULL=1 runs the whole set; a
+# GPU always does.
+CPU_QUICK_OPS = ("softmax",)
+CPU_QUICK_DIRECTIONS = ("fwd",)
+# ... and fewer device-time samples: asv prints nothing while a method runs over its
+# parameters, so each must take seconds, not REPEAT's 20 s.
+CPU_QUICK_REPEAT = (5, 50, 2.0)
 
 
 class DeviceClock:
@@ -86,11 +96,30 @@ def _wanted(name: str, variable: str) -> bool:
     return not words or any(w in name for w in words)
 
 
+def cpu_quick() -> bool:
+    """Whether this run takes the quick CPU set (no GPU here, KERNELPERF_BENCH_FULL unset)."""
+    return not environment.nvidia_gpu_present() and os.environ.get("KERNELPERF_BENCH_FULL") != "1"
+
+
+def _triton_interpreted(impl: registry.Implementation) -> bool:
+    """A Triton kernel, which a CPU runs in Triton's interpreter: left out of the quick set
+    unless KERNELPERF_BENCH_IMPLS names implementations (gate-power --families triton does), as
+    one call of the softmax case takes ~0.2 s there and track_launch alone took 100 s."""
+    return "triton" in impl.requires.modules and not os.environ.get("KERNELPERF_BENCH_IMPLS")
+
+
+# The machine a CPU run has, described without starting JAX (see bench_cases).
+_CPU_MACHINE = devices.Machine(platform="cpu", device_kind="cpu",
+                               device_count=environment.HOST_DEVICE_COUNT, compute_capability=None)
+
+
 def bench_cases(op: registry.Operation) -> list[registry.Case]:
     """The operation's "bench" cases for this platform ("gpu" or "cpu" sized)."""
     # Not devices.this_machine(): that starts a JAX backend, which a process asv forks
     # benchmarks from (its forkserver) must not hold.
     platform_tag = "gpu" if environment.nvidia_gpu_present() else "cpu"
+    if cpu_quick() and op.name not in CPU_QUICK_OPS:
+        return []
     return [c for c in op.cases if BENCH_TAG in c.tags and platform_tag in c.tags
             and _wanted(c.id, "KERNELPERF_BENCH_CASES")]
 
@@ -255,18 +284,23 @@ def recording_dashboard_metrics() -> bool:
 
 def _suite(op: registry.Operation) -> type | None:
     cases = bench_cases(op)
+    quick = cpu_quick()
     impls = [i for i in registry.implementations(op.name)
-             if _wanted(i.name, "KERNELPERF_BENCH_IMPLS")]
-    if not cases or not impls:
+             if _wanted(i.name, "KERNELPERF_BENCH_IMPLS")
+             and not (quick and (_triton_interpreted(i) or any(
+                 devices.case_unavailable_reason(i, c, _CPU_MACHINE) for c in cases)))]
+    directions = [d for d in registry.DIRECTIONS if _wanted(d, "KERNELPERF_BENCH_DIRECTIONS")
+                  and not (quick and d not in CPU_QUICK_DIRECTIONS)]
+    if not cases or not impls or not directions:
         return None
     name = "".join(part.title() for part in op.name.split("_"))
     bases = (_DashboardMetrics, _OperationBenchmarks) if recording_dashboard_metrics() \
         else (_OperationBenchmarks,)
     return type(name, bases, {
         "op_name": op.name,
-        "params": [[i.name for i in impls], [c.id for c in cases],
-                   [d for d in registry.DIRECTIONS if _wanted(d, "KERNELPERF_BENCH_DIRECTIONS")]],
+        "params": [[i.name for i in impls], [c.id for c in cases], directions],
         "__doc__": f"{op.description}: implementations x bench cases x directions.",
+        **({"repeat": CPU_QUICK_REPEAT} if quick else {}),
     })
 
 

@@ -40,6 +40,12 @@ LATENCY_HIDING_OPTION = "xla_gpu_enable_latency_hiding_scheduler"
 LATENCY_HIDING = f"--{LATENCY_HIDING_OPTION}=true"
 
 
+# (m, n, k) by default: a real size on GPUs; on CPU host devices one that runs in seconds.
+GPU_SIZE = (16384, 8192, 8192)
+CPU_SIZE = (256, 128, 128)
+# All-gather message on CPU host devices: 256 MiB (the GPU's) takes seconds per call there.
+CPU_GATHER_BYTES = 4 * 2**20
+
 # Calls per timing sample: back-to-back dispatches amortise the host's launch overhead.
 CALLS_PER_SAMPLE = 10
 
@@ -157,9 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.ops.sharded_matmul.overlap",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--m", type=int, default=16384)
-    parser.add_argument("--n", type=int, default=8192)
-    parser.add_argument("--k", type=int, default=8192)
+    parser.add_argument("--m", type=int, help=f"default {GPU_SIZE[0]} ({CPU_SIZE[0]} on CPU)")
+    parser.add_argument("--n", type=int, help=f"default {GPU_SIZE[1]} ({CPU_SIZE[1]} on CPU)")
+    parser.add_argument("--k", type=int, help=f"default {GPU_SIZE[2]} ({CPU_SIZE[2]} on CPU)")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
     parser.add_argument("--mesh", action="append",
                         help="DATAxMODEL, repeatable (default: 1xN and 2x(N/2) for N = 2, 4, "
@@ -174,16 +180,23 @@ def main(argv: list[str] | None = None) -> int:
 
     from kernels import sharding
 
+    device = jax.devices()[0]
+    if device.platform == "cpu" and not (args.m or args.n or args.k):
+        print(f"no GPU: a CPU-sized product {'x'.join(map(str, CPU_SIZE))} on forced host "
+              f"devices (checks the variants run, times mean little); --m --n --k for others")
+    default = CPU_SIZE if device.platform == "cpu" else GPU_SIZE
+    args.m, args.n, args.k = (given or size for given, size in
+                              zip((args.m, args.n, args.k), default, strict=True))
     count = jax.device_count()
     meshes = args.mesh or [shape for n in (2, 4, 8) if n <= count
                            for shape in ([f"1x{n}"] + ([f"2x{n // 2}"] if n >= 4 else []))]
-    device = jax.devices()[0]
     print(f"{count} x {device.device_kind} ({device.platform}), jax {jax.__version__}; "
           f"{args.dtype} ({args.m}, {args.k}) @ ({args.k}, {args.n}); timer: kernels.timing "
           f"host clock over {CALLS_PER_SAMPLE} back-to-back calls per sample; "
           f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
     for n in sorted({sharding.mesh_size(s) for s in meshes} - {1}):
-        bw = sharding.interconnect_bandwidth(n)
+        bw = sharding.interconnect_bandwidth(n, message_bytes=CPU_GATHER_BYTES) \
+            if device.platform == "cpu" else sharding.interconnect_bandwidth(n)
         print(f"all-gather alone over {n} devices: {bw.bytes_per_second / 1e9:.1f} GB/s received "
               f"per device ({bw.message_bytes / 2**20:.0f} MiB gathered, {bw.timer})")
     rows = run(args.m, args.n, args.k, meshes, args.dtype)

@@ -1,0 +1,262 @@
+"""The README stays true: its commands run as shown, and GPU-only ones refuse a CPU in one line.
+
+`test_every_cpu_command_in_the_readme_runs` (marker `readme`; run by `make readme-check`, part
+of `make test`, which sets KERNELPERF_README_CHECK=1) clones the committed HEAD into a
+temporary folder, gives it an empty home directory, and runs every command of the README's
+```bash blocks in order, each in its own shell with the project's .venv first on PATH.
+Commands labelled `# GPU`/`# GPUs` (need a CUDA GPU) or `# needs ...` (a remote host) are
+not run; `NOT_RUN` names the others left out and why.
+asv runs are narrowed to `KERNELPERF_BENCH_IMPLS=xla` (the README's own knob) to keep CI short.
+Servers (`make dashboard`, `make xprof-serve`) count as working once they answer over HTTP.
+At the end the clone must have no untracked files: outputs go to ignored folders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from kernels import cli, devices
+
+ROOT = Path(__file__).resolve().parent.parent
+GPU_LABEL = re.compile(r"^GPUs?\b")
+NEEDS_LABEL = re.compile(r"^needs\b")
+# CPU commands the check does not run, and why.
+_NIGHTLY = ("the nightly workflow's step, against a remote's asv-results and gh-pages branches "
+            "(push would write to the repository cloned from): test_history.py rehearses it")
+NOT_RUN = {
+    "make test": "the README check runs inside it",
+    **{f"python -m kernels.history {step}": _NIGHTLY
+       for step in ("fetch", "run", "push", "fetch publish", "deploy")},
+    "python -m asv preview": "serves on 8080 until stopped; `make dashboard` is checked",
+    "KERNELPERF_BENCH_IMPLS=pallas KERNELPERF_BENCH_CASES=f32-32768x4096 "
+    "KERNELPERF_BENCH_DIRECTIONS=fwd python -m asv find main~8..main 'Softmax\\.time_device'":
+        "a GPU case (f32-32768x4096); perf_tests/asv_find_planted.py checks asv find on CPU",
+    "python -m kernels gate-power": "asv continuous on 16 plants in a scratch clone: hours on a "
+                                    "CPU; its narrowed form below runs",
+}
+# Commands whose exit 1 is a verdict, not a failure to run: the last line that marks the verdict.
+# gate-power on a shared CPU (samples' CV ~20%) misses a 5% plant and may call an A/A change
+# noisy; it works as shown when it gets to its verdict.
+VERDICTS = {"python -m kernels gate-power --families triton --sizes 5% --trials 1 --aa-trials 1":
+            re.compile(r"^gate-power: (FAILED for|every plant)")}
+# Commands that serve until stopped: (what they print once serving, the path to fetch).
+SERVERS = {"make dashboard": ("Serving at", "index.json"), "make xprof-serve": ("xprof", "")}
+COMMAND_TIMEOUT_S = 900
+SERVER_START_S = 120
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One README command: its text (continuation lines joined) and its trailing comment."""
+
+    text: str
+    comment: str
+
+    @property
+    def label(self) -> str:
+        """"gpu", "needs" (an outside resource) or "cpu" (runs on any machine)."""
+        if GPU_LABEL.match(self.comment):
+            return "gpu"
+        return "needs" if NEEDS_LABEL.match(self.comment) else "cpu"
+
+
+def readme_commands(text: str) -> list[Command]:
+    """The commands of every ```bash block, in order; comment lines dropped."""
+    commands = []
+    for block in re.findall(r"^```bash\n(.*?)^```", text, flags=re.M | re.S):
+        pending = ""
+        for line in block.splitlines():
+            if pending == "" and line.lstrip().startswith("#") or not line.strip():
+                continue
+            if line.rstrip().endswith("\\"):
+                pending += line.rstrip()[:-1].strip() + " "
+                continue
+            command, _, comment = (pending + line.strip()).partition(" #")
+            commands.append(Command(" ".join(command.split()), comment.strip()))
+            pending = ""
+    return commands
+
+
+def test_readme_commands_are_parsed_and_gpu_ones_labelled():
+    commands = {c.text: c for c in readme_commands((ROOT / "README.md").read_text())}
+    assert commands["python -m kernels list"].label == "cpu"
+    assert commands["make dashboard-screenshot RESULTS=perf_tests/results/asv "
+                    "BENCH=Softmax.time_device PNG=traces/softmax.png "
+                    "XAXIS=implementation"].label == "cpu"
+    for gpu_only in ("python3 -m pytest -m gpu", "python3 -m kernels.ops.sharded_matmul.overlap",
+                     "python -m kernels profile softmax --impl xla --impl pallas "
+                     "--case f32-32768x4096 --top 8",
+                     'make roofline op=softmax dims="rows=4096 cols=1024,4096,16384" dtype=bf16',
+                     "make roofline op=attention batch=4 heads=8 head-dim=64 "
+                     "seq-lengths=128,256,512,1024,2048,4096"):
+        assert commands[gpu_only].label == "gpu", gpu_only
+    assert commands["make download-traces h=user@gpu-box k=~/.ssh/id"].label == "needs"
+    assert set(NOT_RUN) | set(VERDICTS) <= set(commands), \
+        "NOT_RUN or VERDICTS names a command the README no longer shows"
+
+
+# GPU-only commands of the README, as the CLI receives them, and the one line each must print
+# on a CPU instead of running for hours.
+REFUSALS = [
+    (["roofline", "softmax", "--dims", "rows=4096", "cols=1024,4096,16384", "--dtype", "bf16"],
+     "--dims: expected CPU sizes here (no GPU; at most"),
+    (["roofline", "attention", "--batch", "4", "--heads", "8", "--head-dim", "64",
+      "--seq-lengths", "128,256,512,1024,2048,4096"],
+     "--batch/--heads/--head-dim/--seq-lengths: expected CPU sizes here"),
+    (["profile", "softmax", "--impl", "xla", "--impl", "pallas", "--case", "f32-32768x4096"],
+     "--case: expected a CPU case here (no GPU), e.g. f32-64x1000; got f32-32768x4096"),
+    (["plot-roofline", "traces/no-such-file.json"],
+     "json: expected a roofline data file"),
+]
+
+
+@pytest.mark.parametrize("argv, line", REFUSALS, ids=[" ".join(a[:2]) for a, _ in REFUSALS])
+def test_gpu_sizes_refused_on_cpu_in_one_line(argv, line):
+    if argv[0] != "plot-roofline" and devices.this_machine().has_gpu:
+        pytest.skip("runs the real sizes on a GPU")
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    message = str(stop.value.code)
+    assert message.startswith(line) and "\n" not in message, message
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _clone(tmp: Path) -> Path:
+    """HEAD committed, cloned; `main` as a local branch (bench-compare's BASE); .venv the
+    project's, with pyproject.toml older than its install stamp so `make install` keeps it."""
+    clone = tmp / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    head = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    has_main = subprocess.run(["git", "-C", str(clone), "rev-parse", "--verify", "-q",
+                               "origin/main"], capture_output=True).returncode == 0
+    if subprocess.run(["git", "-C", str(clone), "rev-parse", "--abbrev-ref", "HEAD"],
+                      capture_output=True, text=True).stdout.strip() != "main":
+        subprocess.run(["git", "-C", str(clone), "branch", "-f", "main",
+                        "origin/main" if has_main else head], check=True)
+    (clone / ".venv").symlink_to(Path(sys.prefix))
+    stamp = Path(sys.prefix) / ".installed"
+    if stamp.exists():
+        old = stamp.stat().st_mtime - 10
+        os.utime(clone / "pyproject.toml", (old, old))
+    return clone
+
+
+def _environment(home: Path) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("KERNELPERF_BENCH", "PYTEST_", "ASV"))}
+    env.update(HOME=str(home), PATH=f"{Path(sys.prefix) / 'bin'}:{env.get('PATH', '')}",
+               KERNELPERF_BENCH_IMPLS="xla", DASHBOARD_PORT=str(_free_port()),
+               XPROF_PORT=str(_free_port()))
+    return env
+
+
+def _serve(command: Command, clone: Path, env: dict, shipped: list[str]) -> tuple[bool, str]:
+    """Start a server command; working once it answers over HTTP (or, missing its tool, says
+    so in one line); stopped afterwards."""
+    ready, path = SERVERS[command.text]
+    port = env["DASHBOARD_PORT"] if command.text == "make dashboard" else env["XPROF_PORT"]
+    process = subprocess.Popen(["bash", "-c", command.text], cwd=clone, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + SERVER_START_S
+        while time.monotonic() < deadline:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/{path}", timeout=5).read()
+            except OSError:
+                if process.poll() is not None:
+                    break
+                time.sleep(2)
+                continue
+            if command.text == "make dashboard":
+                machines = json.loads(body)["params"]["machine"]
+                missing = sorted(set(shipped) - set(machines))
+                return not missing, f"served; machines {machines}" + (
+                    f"; MISSING shipped {missing}" if missing else "")
+            return True, "served"
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, 15)
+        out = process.communicate(timeout=30)[0]
+        lines = out.splitlines()
+    said = [line for line in lines if not line.startswith("make: ***")]
+    if process.returncode == 2 and len(said) == 1 and "needs" in said[0]:
+        return True, f"tool missing, said in one line: {said[0]}"
+    return False, "did not serve: " + " | ".join(lines[-5:])
+
+
+@pytest.mark.readme
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("KERNELPERF_README_CHECK") != "1",
+                    reason="about 6 minutes on 2 cores: run by `make readme-check` (in make test)")
+def test_every_cpu_command_in_the_readme_runs(tmp_path):
+    clone = _clone(tmp_path)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = _environment(home)
+    shipped = sorted(p.name for p in (clone / "perf_tests" / "results" / "asv").iterdir()
+                     if p.is_dir())
+    report, failures = [], []
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for command in readme_commands((clone / "README.md").read_text()):
+        if command.label != "cpu" or command.text in NOT_RUN:
+            why = NOT_RUN.get(command.text, f"labelled # {command.comment}")
+            report.append((command.text, "-", f"not run: {why}"))
+            continue
+        print(f"readme-check: {command.text}", flush=True)
+        start = time.monotonic()
+        if command.text in SERVERS:
+            ok, outcome = _serve(command, clone, env, shipped)
+        else:
+            try:
+                result = subprocess.run(["bash", "-c", command.text], cwd=clone, env=env,
+                                        capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+                log = logs / f"{len(report):02d}.log"
+                log.write_text(f"$ {command.text}\n{result.stdout}\n{result.stderr}")
+                lines = (result.stdout + result.stderr).strip().splitlines()
+                ok = result.returncode == 0
+                verdict = VERDICTS.get(command.text)
+                if verdict and result.returncode == 1 and "Traceback" not in result.stderr:
+                    said = [line for line in lines if verdict.match(line)]
+                    ok = bool(said)
+                    if ok:
+                        lines = said
+                outcome = f"exit {result.returncode}" + (
+                    f" (its verdict: {lines[-1]})" if ok and result.returncode else "" if ok
+                    else f" (output: {log}): " + " | ".join(lines[-3:]))
+            except subprocess.TimeoutExpired:
+                ok, outcome = False, f"still running after {COMMAND_TIMEOUT_S} s"
+        seconds = time.monotonic() - start
+        report.append((command.text, f"{seconds:.0f} s", outcome if ok else f"FAILED {outcome}"))
+        print(f"readme-check:   {seconds:.0f} s, {'ok' if ok else 'FAILED'}: {outcome}"[:300],
+              flush=True)
+        if not ok:
+            failures.append(f"{command.text}: {outcome}")
+    untracked = subprocess.run(["git", "-C", str(clone), "status", "--porcelain"],
+                               capture_output=True, text=True, check=True).stdout.split("\n")
+    untracked = [line for line in untracked if line.strip() and not line.endswith(".venv")]
+    if untracked:
+        failures.append(f"files left in the clone outside ignored folders: {untracked}")
+    print(cli.table([list(row) for row in report], ["command", "time", "outcome"]))
+    shutil.rmtree(clone / ".asv", ignore_errors=True)
+    assert not failures, "README commands that no longer work as shown:\n" + "\n".join(failures)
