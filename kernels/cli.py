@@ -4,9 +4,27 @@ bench, compare, profile, memory, hlo, tune, ...; `--help` lists them all)."""
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 
-from kernels import environment
+from kernels import environment, validation
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage mistake reported as one line (argparse prints the usage first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (--help for usage)\n")
+
+
+def revision(text: str) -> str:
+    """argparse type: a git revision that names a commit here."""
+    done = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{text}^{{commit}}"],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise argparse.ArgumentTypeError(f"expected a git revision of this repository (a branch, "
+                                         f"tag or commit), got {text!r}")
+    return text
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
@@ -60,9 +78,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     """Correctness table with error norms: the same harness the tests use."""
     from kernels import checking, devices, registry
 
+    ops = [registry.operation(args.op)] if args.op else registry.operations()
+    for op in ops:
+        for name in args.impl or ():
+            registry.implementation(op.name, name)
+    registry.check_tags(args.tags, ops)
     machine = devices.this_machine()
     print(f"machine: {machine.describe()}", flush=True)
-    ops = [registry.operation(args.op)] if args.op else registry.operations()
     rows, failed = [], 0
     for op in ops:
         impls = [registry.implementation(op.name, n) for n in args.impl] if args.impl \
@@ -118,7 +140,7 @@ def cmd_noise_floor(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     environment.configure()
-    parser = argparse.ArgumentParser(prog="python -m kernels", description=__doc__)
+    parser = Parser(prog="python -m kernels", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="operations, implementations, and whether each runs here")
     check = sub.add_parser("check", help="compare implementations with the reference")
@@ -126,25 +148,26 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--impl", action="append", help="implementation name (repeatable)")
     check.add_argument("--tags", nargs="+", default=["cpu", "gpu"],
                        help="case sets to run (default: cpu gpu)")
-    check.add_argument("--seed", type=int, default=0)
+    check.add_argument("--seed", type=validation.nonnegative_int, default=0)
     for name, help_text in (("bench", "run asv on HEAD (and --base), then compare"),
                             ("compare", "compare two commits' asv results, verdict per row")):
         sub_parser = sub.add_parser(name, help=help_text)
         if name == "bench":
-            sub_parser.add_argument("--base", help="revision to compare against (e.g. main)")
-            sub_parser.add_argument("--head", default="HEAD")
+            sub_parser.add_argument("--base", type=revision,
+                                    help="revision to compare against (e.g. main)")
+            sub_parser.add_argument("--head", type=revision, default="HEAD")
             sub_parser.add_argument("--bench", help="asv benchmark regex (e.g. Softmax)")
         else:
-            sub_parser.add_argument("base")
-            sub_parser.add_argument("head", nargs="?", default="HEAD")
+            sub_parser.add_argument("base", type=revision)
+            sub_parser.add_argument("head", type=revision, nargs="?", default="HEAD")
             sub_parser.add_argument("--machine", help="asv machine (default: this device model)")
-        sub_parser.add_argument("--min-gap", type=float, default=0.05,
+        sub_parser.add_argument("--min-gap", type=validation.nonnegative_float, default=0.05,
                                 help="relative change below which rows count as same")
     floor = sub.add_parser("noise-floor", help="run asv repeatedly on one commit; store each "
                            "benchmark's run-to-run shift, which compare then requires a change "
                            "to exceed")
-    floor.add_argument("--revision", default="HEAD")
-    floor.add_argument("--runs", type=int, default=3)
+    floor.add_argument("--revision", type=revision, default="HEAD")
+    floor.add_argument("--runs", type=validation.positive_int, default=3)
     floor.add_argument("--bench", help="asv benchmark regex (e.g. Softmax.time_device)")
     from kernels import measure_cli, profiling_cli, tuning
 
@@ -153,4 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     commands = {"list": cmd_list, "check": cmd_check, "bench": cmd_bench, "compare": cmd_compare,
                 "noise-floor": cmd_noise_floor, **extra_commands}
-    return commands[args.command](args)
+    try:
+        return commands[args.command](args)
+    except validation.UserError as error:
+        # A user's mistake, not a bug: one line, no traceback.
+        print(f"{parser.prog} {args.command}: error: {error}", file=sys.stderr)
+        return 2

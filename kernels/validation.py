@@ -1,11 +1,80 @@
-"""Input checks shared by kernel wrappers: errors name the argument, the expectation, what came."""
+"""Input checks shared by kernel wrappers and the command line: errors name the argument, the
+expectation and what came."""
 
 from __future__ import annotations
 
+import argparse
+import math
 from collections.abc import Iterable
 from typing import Any
 
 from kernels import dtypes
+
+
+class UserError(ValueError):
+    """A mistake in what the user asked for (a name that does not exist, a number out of range,
+    a missing or malformed file). `python -m kernels` prints the message as one line and exits
+    2; any other exception is a bug and keeps its traceback."""
+
+
+class UnknownName(UserError, KeyError):
+    """A name that is not registered; the message lists the names there are. Also a KeyError,
+    as lookups by name have always raised."""
+
+    def __str__(self) -> str:
+        # KeyError's own str() quotes the message as if it were the missing key.
+        return str(self.args[0]) if self.args else ""
+
+
+def unknown(what: str, got: Any, known: Iterable[Any]) -> UnknownName:
+    """`what: expected one of [...], got 'x'` as an UnknownName, to raise."""
+    return UnknownName(f"{what}: expected one of {sorted(known)}, got {got!r}")
+
+
+def _number(text: str, kind: type, *, minimum: float, inclusive: bool) -> float:
+    """`text` as a finite `kind` above (or, `inclusive`, at least) `minimum`; argparse's type
+    error otherwise, which it reports naming the option."""
+    bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
+    expected = f"expected {'an integer' if kind is int else 'a finite number'} {bound}"
+    try:
+        value = kind(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{expected}, got {text!r}") from None
+    if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
+        raise argparse.ArgumentTypeError(f"{expected}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    return _number(text, int, minimum=1, inclusive=True)
+
+
+def nonnegative_int(text: str) -> int:
+    """argparse type: an integer >= 0 (a seed)."""
+    return _number(text, int, minimum=0, inclusive=True)
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (a time budget); 'nan' and 'inf' are refused."""
+    return _number(text, float, minimum=0.0, inclusive=False)
+
+
+def nonnegative_float(text: str) -> float:
+    """argparse type: a finite number >= 0 (a relative gap)."""
+    return _number(text, float, minimum=0.0, inclusive=True)
+
+
+def check_x64_for(name: str, x: Any) -> None:
+    """Refuse a 64-bit numpy array that JAX would silently narrow to 32 bits (jax_enable_x64
+    off): a float64 case must run in float64 or not at all."""
+    import jax
+
+    wide = ("float64", "int64", "uint64", "complex128")
+    if str(getattr(x, "dtype", "")) in wide and not jax.config.jax_enable_x64:
+        raise TypeError(f"{name}: expected a dtype JAX keeps as it is, got {x.dtype} "
+                        f"(jax_enable_x64 is off: JAX would narrow it to 32 bits; set "
+                        f"JAX_ENABLE_X64=1)")
 
 
 def check_array(name: str, x: Any, *, min_rank: int = 0, rank: int | None = None,
