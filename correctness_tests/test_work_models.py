@@ -1,0 +1,258 @@
+"""Every operation's work model, both directions, against a count made independently of it.
+
+FLOPs are counted from the jaxpr of the operation's own reference (what the
+computation does, not what its author wrote down): for operations made of
+products, 2 x (output elements) x (contracted length) per `dot_general`; for
+element-wise operations (softmax, row sum), one FLOP per output element of
+each arithmetic primitive and one per input element of each reduction. The
+backward is the jaxpr of `jax.vjp`'s pullback less the forward it contains.
+Where a model deliberately counts something else (FlashAttention recomputes
+Q K^T in the backward; the causal mask skips half the pairs; MoE routing is
+one-hot data movement, not arithmetic), the adjustment is written out below
+with its reason. Bytes are the sizes of the arrays each direction must read
+and write, taken from the shapes the reference actually takes and returns.
+A model that doubles or halves any of these numbers fails here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernels import checking, dtypes, registry
+from kernels.roofline import ceilings, model
+
+ELEMENTWISE = {"add", "sub", "mul", "div", "exp", "max", "min", "neg", "log"}
+REDUCTIONS = {"reduce_sum", "reduce_max", "reduce_min"}
+FREE = {"broadcast_in_dim", "reshape", "convert_element_type", "stop_gradient", "squeeze",
+        "expand_dims", "transpose", "copy", "copy_p", "select_n", "iota", "eq", "ge", "gt",
+        "le", "lt", "ne", "and", "not", "pjit", "jit", "custom_jvp_call", "custom_vjp_call",
+        "is_finite", "mul_add"}
+
+
+def _sub_jaxprs(eqn) -> list:
+    found = []
+    for value in eqn.params.values():
+        for item in value if isinstance(value, list | tuple) else (value,):
+            if isinstance(item, jax.extend.core.ClosedJaxpr):
+                found.append(item.jaxpr)
+            elif isinstance(item, jax.extend.core.Jaxpr):
+                found.append(item)
+    return found
+
+
+def _size(var) -> int:
+    return math.prod(var.aval.shape)
+
+
+def count_flops(jaxpr, *, products_only: bool) -> float:
+    """FLOPs of a jaxpr: its dot_generals, and (unless `products_only`) its arithmetic.
+
+    An element-wise primitive this counter does not know raises, so a new operation cannot
+    be counted as free by accident.
+    """
+    total = 0.0
+    for eqn in jaxpr.eqns:
+        inner = _sub_jaxprs(eqn)
+        if inner:
+            total += sum(count_flops(j, products_only=products_only) for j in inner)
+            continue
+        name = eqn.primitive.name
+        if name == "dot_general":
+            (contract, _), _ = eqn.params["dimension_numbers"]
+            length = math.prod(eqn.invars[0].aval.shape[d] for d in contract)
+            total += 2.0 * _size(eqn.outvars[0]) * length
+        elif products_only:
+            continue
+        elif name in ELEMENTWISE:
+            total += _size(eqn.outvars[0])
+        elif name in REDUCTIONS:
+            total += _size(eqn.invars[0])
+        elif name not in FREE:
+            raise AssertionError(f"count_flops: no rule for primitive {name!r}")
+    return total
+
+
+def _inputs(op: registry.Operation, case: registry.Case) -> tuple[jax.Array, ...]:
+    return tuple(jnp.asarray(x, jnp.float32)
+                 for x in checking.make_inputs(op, case, 0, "normal"))
+
+
+def _traced_flops(fn, args, *, products_only: bool) -> tuple[float, float]:
+    """(forward FLOPs, backward FLOPs) of `fn` at `args`, counted from their jaxprs."""
+    forward = count_flops(jax.make_jaxpr(fn)(*args).jaxpr, products_only=products_only)
+    out = jax.eval_shape(fn, *args)
+    cotangent = jnp.ones(out.shape, out.dtype)
+    both = jax.make_jaxpr(lambda *a: jax.vjp(fn, *a)[1](cotangent))(*args)
+    return forward, count_flops(both.jaxpr, products_only=products_only) - forward
+
+
+def _reference(op: registry.Operation, case: registry.Case):
+    return lambda *a: op.reference(*a, **case.kwargs)
+
+
+# Independent FLOP counts: name -> (op, case) -> (fwd, bwd).
+def _softmax_flops(op, case):
+    (x,) = _inputs(op, case)
+    forward = count_flops(jax.make_jaxpr(op.reference)(x).jaxpr, products_only=False)
+    # The backward as a kernel computes it, dx = y (dy - sum(y dy)) (checked against the VJP in
+    # test_softmax_backward_formula_is_the_vjp); autodiff's graph does more (6 per element).
+    y = op.reference(x)
+    backward = count_flops(jax.make_jaxpr(_softmax_backward)(y, y).jaxpr, products_only=False)
+    return forward, backward
+
+
+def _softmax_backward(y, dy):
+    return y * (dy - jnp.sum(y * dy, axis=-1, keepdims=True))
+
+
+def _row_sum_flops(op, case):
+    return _traced_flops(op.reference, _inputs(op, case), products_only=False)
+
+
+def _products_flops(op, case):
+    return _traced_flops(_reference(op, case), _inputs(op, case), products_only=True)
+
+
+def _attention_flops(op, case):
+    forward, backward = _products_flops(op, case)
+    seq = case["seq"]
+    if case.kwargs.get("causal"):
+        # The reference computes every (query, key) pair and masks; a causal kernel skips the
+        # pairs above the diagonal: seq (seq + 1) / 2 of seq^2 take part, forward and backward.
+        forward, backward = (f * (seq + 1) / (2 * seq) for f in (forward, backward))
+    # Autodiff keeps P from the forward; FlashAttention's backward recomputes S = Q K^T, which
+    # is half of the forward's two products.
+    return forward, backward + forward / 2
+
+
+def _moe_flops(op, case):
+    """The router product and the experts' two products on their capacity slots; dispatch and
+    combine are one-hot einsums (data movement written as products) and are not counted."""
+    from kernels.ops.moe import spec as moe
+
+    x, router, w_in, w_out = _inputs(op, case)
+    g, s, m = x.shape
+    e, h = router.shape[1], w_in.shape[-1]
+    slots = moe.capacity(s, e, case.kwargs["top_k"], case.kwargs["capacity_factor"])
+    tokens = jnp.ones((e, g, slots, m), jnp.float32)
+    experts = _traced_flops(lambda t, a, b: moe.expert_mlp(t, a, b), (tokens, w_in, w_out),
+                            products_only=True)
+    routing = _traced_flops(lambda a, r: jnp.einsum("gsm,me->gse", a, r), (x, router),
+                            products_only=True)
+    return experts[0] + routing[0], experts[1] + routing[1]
+
+
+FLOPS = {
+    "softmax": _softmax_flops,
+    "row_sum": _row_sum_flops,
+    "matmul": _products_flops,
+    "mlp": _products_flops,
+    "sharded_matmul": _products_flops,
+    "sharded_vmap": None,  # set below: the product only, the softmax left out
+    "transformer_block": _products_flops,
+    "attention": _attention_flops,
+    "moe": _moe_flops,
+}
+
+
+def _sharded_vmap_flops(op, case):
+    """The model counts the product, not the softmax over its O(b n d_out) logits."""
+    return _products_flops(op, case)
+
+
+FLOPS["sharded_vmap"] = _sharded_vmap_flops
+
+
+def _nbytes(*arrays) -> float:
+    return float(sum(math.prod(a.shape) for a in arrays))
+
+
+def moved_bytes(op: registry.Operation, case: registry.Case, direction: str) -> float:
+    """Fewest bytes a direction moves, from the reference's real argument and result shapes:
+    forward reads the inputs and writes the output; the backward reads what it needs (listed
+    per operation) and writes one gradient per input."""
+    args = tuple(jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in _inputs(op, case))
+    out = jax.eval_shape(_reference(op, case), *args)
+    itemsize = dtypes.to_numpy(case.dtype).itemsize
+    if direction == "fwd":
+        extra = 0.0
+        if op.name == "attention":  # the float32 log-sum-exp per (batch, head, query), saved
+            extra = 4.0 * case["batch"] * case["heads"] * case["seq"]
+        return _nbytes(*args, out) * itemsize + extra
+    if op.name == "softmax":  # y and dy in, dx out
+        return 3 * _nbytes(out) * itemsize
+    if op.name == "row_sum":  # dy in, dx (a broadcast of it) out
+        return _nbytes(out, args[0]) * itemsize
+    if op.name == "attention":  # q, k, v, o, dO and the log-sum-exp in; dq, dk, dv out
+        lse = 4.0 * case["batch"] * case["heads"] * case["seq"]
+        return (2 * _nbytes(*args) + 2 * _nbytes(out)) * itemsize + lse
+    if op.name in ("matmul", "sharded_matmul"):
+        # Two products, dA = dC B^T and dB = A^T dC, each reading its operands and writing
+        # its result: dC is read by both.
+        return 2 * _nbytes(*args, out) * itemsize
+    # Each product's backward pass reads and writes what its forward did, twice over: the
+    # input gradients and the weight gradients are two products per forward product.
+    return 2 * moved_bytes(op, case, "fwd")
+
+
+def _cases() -> list[registry.Case]:
+    """Per operation: its CPU cases that differ in parameters, and a 16-bit one where declared
+    (bytes scale with the element size)."""
+    chosen = []
+    for op in registry.operations():
+        seen = set()
+        for case in op.cases_tagged("cpu"):
+            key = (case.params, case.dtype == "f32")
+            if key not in seen:
+                seen.add(key)
+                chosen.append(case)
+    return chosen
+
+
+@pytest.mark.parametrize("case", _cases(), ids=lambda c: f"{c.op}-{c.id}")
+def test_work_model_matches_an_independent_count(case):
+    op = registry.operation(case.op)
+    counted_flops = FLOPS[op.name](op, case)
+    for direction, flops in zip(registry.DIRECTIONS, counted_flops, strict=True):
+        work = op.work(case, direction)
+        assert work.flops == pytest.approx(flops, rel=1e-9), (
+            f"{op.name} {case.id} {direction}: model {work.flops:.6g} FLOPs, counted {flops:.6g}")
+        counted = moved_bytes(op, case, direction)
+        assert work.bytes == pytest.approx(counted, rel=1e-9), (
+            f"{op.name} {case.id} {direction}: model {work.bytes:.6g} bytes, counted {counted:.6g}")
+
+
+def test_every_operation_has_an_independent_count():
+    assert sorted(FLOPS) == sorted(op.name for op in registry.operations())
+    assert {case.op for case in _cases()} == set(FLOPS)
+
+
+def test_softmax_backward_formula_is_the_vjp():
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((5, 7)), jnp.float32)
+    dy = jnp.asarray(np.random.default_rng(1).standard_normal((5, 7)), jnp.float32)
+    y, pullback = jax.vjp(registry.operation("softmax").reference, x)
+    np.testing.assert_allclose(_softmax_backward(y, dy), pullback(dy)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_counter_counts_a_product_and_refuses_unknown_primitives():
+    a, b = jnp.ones((3, 4)), jnp.ones((4, 5))
+    assert count_flops(jax.make_jaxpr(jnp.matmul)(a, b).jaxpr, products_only=True) == 2 * 3 * 4 * 5
+    with pytest.raises(AssertionError, match="no rule for primitive 'tanh'"):
+        count_flops(jax.make_jaxpr(jnp.tanh)(a).jaxpr, products_only=False)
+
+
+def test_a_fraction_above_the_roof_stays_loud():
+    """A work model that counts too much puts a point above the roof: flagged, never hidden."""
+    sheet = ceilings.datasheet("NVIDIA H100 80GB HBM3")
+    work = registry.Work(flops=1.0e9, bytes=1.0e9)
+    seconds = work.bytes / sheet.bandwidth  # exactly at the memory roof
+    at_roof = model.place(work, seconds, sheet, "f32")
+    assert at_roof.fraction == pytest.approx(1.0) and not at_roof.suspicious
+    doubled = model.place(registry.Work(flops=2.0e9, bytes=2.0e9), seconds, sheet, "f32")
+    assert doubled.fraction == pytest.approx(2.0)
+    assert doubled.suspicious and doubled.warning == "above the roof: work model?"

@@ -1,0 +1,190 @@
+"""Mutation testing of the harness: `python -m kernels.mutation [TARGET ...]` (`make mutation`).
+
+Each target is one module (or a few) of the machinery whose numbers the suite
+reports, paired with the fast tests that are meant to guard it. mutmut (3.x)
+rewrites the module into many single-change copies ("mutants") and runs the
+tests against each: a mutant the tests do not notice "survives", which means
+a bug of that shape would pass unseen. Each target runs in its own scratch
+copy of the tree under `.mutation/<target>/` (mutmut reads its settings from
+the working directory's pyproject.toml), so targets never share state, and a
+rerun only retests mutants whose code changed. The score is killed / (killed
++ survived); mutants judged equivalent are listed in `EQUIVALENT` with a
+one-line reason and left out of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fnmatch
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SCRATCH = ROOT / ".mutation"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Target:
+    """Modules to mutate (globs relative to the repository root) and the tests that guard them."""
+
+    name: str
+    modules: tuple[str, ...]
+    tests: tuple[str, ...]  # pytest arguments: files, `-k` expressions
+    # mutmut mutant-name globs: the functions whose mutants are run (each function's mutants are
+    # named `<module>.x_<function>__mutmut_<n>`, a method's `<module>.xǁ<Class>ǁ<method>__...`).
+    functions: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not self.modules or not self.tests or not self.functions:
+            raise ValueError(f"{self.name}: expected modules, tests and functions, got "
+                             f"{self.modules!r}, {self.tests!r}, {self.functions!r}")
+
+
+# The functions that compute what the suite reports or decides; two CPU cores run a target in
+# minutes, so each names the functions that matter rather than whole modules.
+TARGETS = (
+    Target(name="checking", modules=("kernels/checking.py",),
+           tests=("correctness_tests/test_harness.py", "correctness_tests/test_tolerances.py"),
+           functions=("kernels.checking.x_compare__*", "kernels.checking.x_relative_tolerance__*")),
+    Target(name="timing", modules=("kernels/timing.py",),
+           tests=("correctness_tests/test_timing.py", "correctness_tests/test_measurement.py",
+                  "-k", "stopping or samples or measurement or timing or host"),
+           functions=("kernels.timing.x_collect__*", "kernels.timing.x_coefficient_of_variation__*",
+                      "kernels.timing.xǁStoppingRuleǁ__post_init____*",
+                      "kernels.timing.xǁMeasurementǁfrom_samples__*",
+                      "kernels.timing.xǁ_HostSamplerǁtake__*",
+                      "kernels.timing.x_time_timeable__*")),
+    Target(name="roofline", modules=("kernels/roofline/model.py",),
+           tests=("correctness_tests/test_measurement.py", "correctness_tests/test_work_models.py",
+                  "-k", "place or roof"),
+           functions=("kernels.roofline.model.*",)),
+    Target(name="work-models", modules=("kernels/ops/*/spec.py",),
+           tests=("correctness_tests/test_work_models.py", "correctness_tests/test_registry.py",
+                  "correctness_tests/test_measurement.py", "-k", "work"),
+           functions=("kernels.ops.*.spec.x_work__*", "kernels.ops.*.spec.x_attended_pairs__*",
+                      "kernels.ops.*.spec.x_capacity__*")),
+    Target(name="asv-verdicts", modules=("kernels/asv_tools.py",),
+           tests=("correctness_tests/test_asv_tools.py",),
+           functions=("kernels.asv_tools.x_verdict__*", "kernels.asv_tools.x_exit_status__*",
+                      "kernels.asv_tools.x_compare__*")),
+    Target(name="validation", modules=("kernels/validation.py",),
+           tests=("correctness_tests/test_registry.py", "correctness_tests/test_api_inputs.py",
+                  "correctness_tests/test_cli_errors.py"),
+           functions=("kernels.validation.*",)),
+)
+
+# Mutants no test can kill because the program means the same with or without the change:
+# "module.function__mutmut_N": why. Reviewed by hand; keep the reason to one line.
+EQUIVALENT: dict[str, str] = {}
+
+
+def _prepare(target: Target) -> pathlib.Path:
+    """A scratch copy of the tree with a pyproject.toml that tells mutmut what to do."""
+    work = SCRATCH / target.name
+    work.mkdir(parents=True, exist_ok=True)
+    for name in ("kernels", "correctness_tests"):
+        if (work / name).exists():
+            shutil.rmtree(work / name)
+        shutil.copytree(ROOT / name, work / name,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.o"))
+    shutil.copy2(ROOT / "conftest.py", work / "conftest.py")
+    # mutmut's test processes put mutants/ on sys.path; made now, so it exists when they start.
+    (work / "mutants").mkdir(exist_ok=True)
+    project = (ROOT / "pyproject.toml").read_text()
+    settings = {
+        "source_paths": ["kernels"],
+        "only_mutate": list(target.modules),
+        "also_copy": ["correctness_tests", "conftest.py"],
+        # One worker: the machine is shared, and each test process imports JAX.
+        "pytest_add_cli_args": ["-p", "no:cacheprovider", "-p", "no:xdist", "-q"],
+        "pytest_add_cli_args_test_selection": _existing(target.tests),
+        "use_git_change_detection": False,
+        "debug": bool(os.environ.get("MUTATION_DEBUG")),
+    }
+    lines = ["", "[tool.mutmut]"] + [f"{key} = {json.dumps(value)}"
+                                     for key, value in settings.items()]
+    (work / "pyproject.toml").write_text(project + "\n".join(lines) + "\n")
+    return work
+
+
+def _existing(tests: tuple[str, ...]) -> list[str]:
+    """The test selection less files not written yet (a baseline run before new tests exist)."""
+    kept = []
+    for arg in tests:
+        if arg.endswith(".py") and not (ROOT / arg).exists():
+            print(f"mutation: {arg} does not exist; left out of the selection", file=sys.stderr)
+            continue
+        kept.append(arg)
+    if not any(arg.endswith(".py") for arg in kept):
+        raise FileNotFoundError(f"tests: none of {tests} exists (pytest would run everything)")
+    return kept
+
+
+def _mutmut(work: pathlib.Path, *args: str, capture: bool = False) -> str:
+    command = [sys.executable, "-m", "mutmut", *args]
+    env = dict(os.environ, PYTHONPATH=str(work / "mutants"))
+    done = subprocess.run(command, cwd=work, env=env, text=True, check=False,
+                          capture_output=capture)
+    if done.returncode not in (0, 1) or (capture and not done.stdout and done.stderr):
+        raise RuntimeError(f"{' '.join(command)} in {work} exited {done.returncode}: "
+                           f"{(done.stderr or '')[-2000:]}")
+    return done.stdout or ""
+
+
+def results(work: pathlib.Path) -> dict[str, str]:
+    """mutant name -> status ("killed", "survived", "timeout", ...), from `mutmut results`."""
+    out = _mutmut(work, "results", "--all", "true", capture=True)
+    statuses = {}
+    for line in out.splitlines():
+        name, sep, status = line.strip().rpartition(": ")
+        if sep and name:
+            statuses[name] = status.strip()
+    return statuses
+
+
+def score(statuses: dict[str, str]) -> tuple[int, int, list[str]]:
+    """(killed, scored, survivors not explained in EQUIVALENT). Timeouts count as killed
+    (the mutant hung the tests), equivalent mutants are not scored."""
+    killed = sum(s in ("killed", "timeout", "segfault") for s in statuses.values())
+    survivors = sorted(n for n, s in statuses.items() if s == "survived" and n not in EQUIVALENT)
+    return killed, killed + len(survivors), survivors
+
+
+def main(argv: list[str] | None = None) -> int:
+    names = [t.name for t in TARGETS]
+    parser = argparse.ArgumentParser(prog="python -m kernels.mutation", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("targets", nargs="*", metavar="TARGET",
+                        help=f"default: all of {', '.join(names)}")
+    parser.add_argument("--report-only", action="store_true",
+                        help="print the scores of the last run without running mutmut")
+    parser.add_argument("--max-children", type=int, default=1)
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.targets) - set(names))
+    if unknown:
+        parser.error(f"TARGET: expected some of {names}, got {unknown}")
+    chosen = [t for t in TARGETS if not args.targets or t.name in args.targets]
+    rows = []
+    for target in chosen:
+        work = SCRATCH / target.name if args.report_only else _prepare(target)
+        if not args.report_only:
+            _mutmut(work, "run", "--max-children", str(args.max_children), *target.functions)
+        statuses = {name: status for name, status in results(work).items()
+                    if any(fnmatch.fnmatchcase(name, glob) for glob in target.functions)}
+        killed, scored, survivors = score(statuses)
+        rows.append((target.name, killed, scored, survivors))
+    for name, killed, scored, survivors in rows:
+        percent = f"{100.0 * killed / scored:.0f}%" if scored else "-"
+        print(f"{name:14s} {killed:4d}/{scored:<4d} killed  {percent}")
+        for survivor in survivors:
+            print(f"    survived: {survivor}")
+    return 1 if any(survivors for *_, survivors in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
