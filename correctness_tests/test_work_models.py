@@ -137,7 +137,7 @@ def _moe_flops(op, case):
 
     x, router, w_in, w_out = _inputs(op, case)
     g, s, m = x.shape
-    e, h = router.shape[1], w_in.shape[-1]
+    e = router.shape[1]
     slots = moe.capacity(s, e, case.kwargs["top_k"], case.kwargs["capacity_factor"])
     tokens = jnp.ones((e, g, slots, m), jnp.float32)
     experts = _traced_flops(lambda t, a, b: moe.expert_mlp(t, a, b), (tokens, w_in, w_out),
