@@ -4,6 +4,7 @@ samples it reports."""
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import numpy as np
@@ -91,7 +92,7 @@ def test_jax_callable_is_timed_to_its_result(device):
 
 def _gaps(log: list[tuple[float, float]]) -> np.ndarray:
     """Time from one call's end to the next call's start."""
-    return np.array([later[0] - earlier[1] for earlier, later in zip(log, log[1:])])
+    return np.array([later[0] - earlier[1] for earlier, later in itertools.pairwise(log)])
 
 
 def test_cold_regime_flushes_between_calls_outside_the_timed_span(device):
