@@ -74,6 +74,14 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def margin(results) -> float:
+    """How far below its tolerance the worst comparison stayed: tolerance / error, over the
+    output and every gradient and over both error measures (inf where nothing differed)."""
+    worst = min((c.tolerance / max(c.relative_error, c.max_error)
+                 if max(c.relative_error, c.max_error) > 0 else float("inf")) for c in results)
+    return worst
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """Correctness table with error norms: the same harness the tests use."""
     from kernels import checking, devices, registry
@@ -93,7 +101,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             for case in registry.select_cases(op, args.tags):
                 reason = devices.case_unavailable_reason(impl, case, machine)
                 if reason:
-                    rows.append([impl.id, case.id, "-", "-", "-", f"skipped: {reason}"])
+                    rows.append([impl.id, case.id, "-", "-", "-", "-", f"skipped: {reason}"])
                     continue
                 for distribution in op.distributions:
                     try:
@@ -101,15 +109,17 @@ def cmd_check(args: argparse.Namespace) -> int:
                                                  distribution=distribution)
                     except checking.CheckFailure as error:
                         failed += 1
-                        rows.append([impl.id, case.id, distribution, "-", "-", f"FAIL {error}"])
+                        rows.append([impl.id, case.id, distribution, "-", "-", "-",
+                                 f"FAIL {error}"])
                         continue
                     out, grads = results[0], results[1:]
                     grad = max((g.relative_error for g in grads), default=float("nan"))
                     rows.append([impl.id, case.id, distribution, f"{out.relative_error:.1e}",
-                                 f"{grad:.1e}", f"ok (tol {out.tolerance:.1e})"])
+                                 f"{grad:.1e}", f"{margin(results):.3g}x",
+                                 f"ok (tol {out.tolerance:.1e})"])
                 print(f"  checked {impl.id} {case.id}", file=sys.stderr, flush=True)
     print(table(rows, ["implementation", "case", "inputs", "rel err out", "rel err grad",
-                        "result"]))
+                        "margin", "result"]))
     return 1 if failed else 0
 
 
