@@ -120,3 +120,63 @@ def check_powers_of_two(config: Any, names: tuple[str, ...], *, at_least: int = 
         if value < at_least or value & (value - 1):
             bound = f" >= {at_least}" if at_least > 1 else ""
             raise ValueError(f"{name}: expected a power of two{bound}, got {value}")
+
+
+def check_config(config: Any, expected: type) -> None:
+    """TypeError unless `config` is None (the default) or an `expected` instance: a string or
+    a dict would otherwise fail deep inside the launch ("'str' object has no attribute ...")."""
+    if config is not None and not isinstance(config, expected):
+        raise TypeError(f"config: expected a {expected.__name__} or None, got "
+                        f"{type(config).__name__} {config!r}"[:200])
+
+
+def check_flag(name: str, value: Any) -> None:
+    """TypeError unless `value` is True, False or None (a string such as 'no' is truthy)."""
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"{name}: expected True, False or None, got {type(value).__name__} "
+                        f"{value!r}")
+
+
+def check_torch_tensor(name: str, x: Any, device_type: str, *, like: Any = None) -> None:
+    """TypeError unless `x` is a torch tensor; ValueError unless it is on `device_type` ("cuda"
+    or "cpu") and, given `like`, on like's device. Torch kernels otherwise fail late on a JAX
+    array (a bare AttributeError) or read another device's memory."""
+    import torch
+
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__module__}."
+                        f"{type(x).__name__}")
+    if x.device.type != device_type:
+        raise ValueError(f"{name}: expected a tensor on {device_type}, got device {x.device}")
+    if like is not None and x.device != like.device:
+        raise ValueError(f"{name}: expected device {like.device} like the first argument, "
+                         f"got {x.device}")
+
+
+# Element offsets a kernel computes in 32-bit integers (Triton's and Pallas's defaults for
+# program ids, aranges and their products with strides) must stay below this.
+INT32_LIMIT = 2**31
+
+
+def check_index_range(name: str, x: Any, limit: int = INT32_LIMIT) -> None:
+    """ValueError unless every element of `x` lies within `limit` - 1 elements of its first
+    one (the largest offset, sum of (size - 1) * |stride|, or the element count for arrays
+    without strides), so 32-bit index arithmetic cannot wrap. Checked before launch: a Triton
+    matmul with k = 2**31 (stride-0 inputs) ran for minutes instead."""
+    shape = tuple(x.shape)
+    if any(size == 0 for size in shape):
+        return
+    strides = x.stride() if callable(getattr(x, "stride", None)) else None
+    if strides is None:
+        largest = 1
+        for size in shape:
+            largest *= size
+        largest -= 1
+    else:
+        largest = sum((size - 1) * abs(stride) for size, stride in zip(shape, strides,
+                                                                        strict=True))
+    biggest_dim = max(shape, default=1)
+    if largest >= limit or biggest_dim >= limit:
+        raise ValueError(f"{name}: expected offsets below 2**31 (32-bit index arithmetic), got "
+                         f"shape {shape}" + (f" with strides {tuple(strides)}" if strides else "")
+                         + f": largest offset {largest}, largest dimension {biggest_dim}")
