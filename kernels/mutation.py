@@ -73,7 +73,7 @@ TARGETS = (
                       "kernels.timing.xǁ_HostSamplerǁtake__*")),
     Target(name="roofline", modules=("kernels/roofline/model.py",),
            tests=("correctness_tests/test_measurement.py", "correctness_tests/test_work_models.py",
-                  "-k", "place or roof"),
+                  "correctness_tests/test_roofline_model.py", "-k", "place or roof"),
            functions=("kernels.roofline.model.*",)),
     Target(name="work-models", modules=("kernels/ops/*/spec.py",),
            tests=("correctness_tests/test_work_models.py", "correctness_tests/test_registry.py",
