@@ -172,3 +172,82 @@ def test_stops_when_the_time_budget_is_spent(device):
     assert m.repeats == 3 or sum(m.samples[:3]) < rule.time_budget_s
     assert elapsed < 1.0  # warm-up and one batch past the budget, not 10,000 samples
     _check_stop(m, rule)
+
+
+# The stopping rule and the statistics on exact, made-up samples (no clock involved).
+class _Steps:
+    """A sampler returning `values` in turn and a clock advancing `dt` per sample from `t0`."""
+
+    def __init__(self, values, dt=0.0, t0=0.0):
+        self.values, self.dt, self.now, self.calls = list(values), dt, t0, []
+
+    def take(self, n):
+        self.calls.append(n)
+        self.now += n * self.dt
+        return [self.values[i % len(self.values)] for i in range(n)]
+
+    def clock(self):
+        return self.now
+
+
+@pytest.mark.parametrize("fields", [dict(min_samples=1), dict(min_samples=7, max_samples=7)])
+def test_stopping_rule_takes_its_edge_values(fields):
+    rule = timing.StoppingRule(**fields)
+    assert rule.min_samples == fields["min_samples"]
+
+
+@pytest.mark.parametrize("fields", [dict(time_budget_s=0.0), dict(max_noise=0.0),
+                                    dict(time_budget_s=-1.0)])
+def test_stopping_rule_refuses_a_zero_budget_or_noise(fields):
+    with pytest.raises(ValueError, match=r"^time_budget_s and max_noise: expected > 0, got "):
+        timing.StoppingRule(**fields)
+
+
+def test_coefficient_of_variation_known_values():
+    assert timing.coefficient_of_variation([1.0, 3.0]) == pytest.approx(2**0.5 / 2)
+    assert timing.coefficient_of_variation([2.0]) == float("inf")
+    assert timing.coefficient_of_variation([0.0, 0.0]) == float("inf")
+    assert timing.coefficient_of_variation([1.0, -1.0]) == float("inf")
+
+
+def test_minimum_time_reached_exactly_converges():
+    rule = timing.StoppingRule(min_samples=4, min_time_s=1.0, max_noise=0.5)
+    sampler = _Steps([0.25])
+    samples, reason = timing.collect(sampler, rule, clock=sampler.clock)
+    assert (reason, len(samples)) == ("converged", 4)
+
+
+def test_noise_equal_to_the_limit_converges():
+    rule = timing.StoppingRule(min_samples=2, min_time_s=0.0,
+                               max_noise=timing.coefficient_of_variation([1.0, 3.0]))
+    sampler = _Steps([1.0, 3.0])
+    samples, reason = timing.collect(sampler, rule, clock=sampler.clock)
+    assert (reason, len(samples)) == ("converged", 2)
+
+
+def test_time_budget_is_measured_from_the_start_not_from_zero():
+    rule = timing.StoppingRule(min_samples=4, max_noise=1e-9, time_budget_s=1.0, max_samples=16)
+    sampler = _Steps([1.0, 2.0], dt=0.0, t0=1000.0)  # a clock far from zero that never moves
+    samples, reason = timing.collect(sampler, rule, clock=sampler.clock)
+    assert (reason, len(samples)) == ("max-samples", 16)
+
+
+def test_time_budget_spent_exactly_stops():
+    rule = timing.StoppingRule(min_samples=8, max_noise=1e-9, time_budget_s=0.5,
+                               max_samples=1000)
+    sampler = _Steps([1.0, 2.0], dt=2.0**-4)  # 8 samples: exactly 0.5 s
+    samples, reason = timing.collect(sampler, rule, clock=sampler.clock)
+    assert (reason, len(samples)) == ("time-budget", 8)
+
+
+def test_measurement_from_samples_defaults_and_keeps_clocks():
+    fields = dict(label="x", method="host-clock", regime="hot", stop_reason="converged",
+                  fingerprint={})
+    bare = timing.Measurement.from_samples([1.0, 2.0, 3.0], **fields)
+    assert bare.sm_clock_mhz == (None, None, None) and bare.throttled == (False, False, False)
+    assert bare.throttled_count == 0 and bare.median_s == 2.0 and bare.repeats == 3
+    clocked = timing.Measurement.from_samples([1.0, 2.0], clocks=[1980, 1500],
+                                              throttled=[False, True], **fields)
+    assert clocked.sm_clock_mhz == (1980, 1500) and clocked.throttled == (False, True)
+    with pytest.raises(ValueError, match=r"^samples: expected at least one, got none$"):
+        timing.Measurement.from_samples([], **fields)
