@@ -87,6 +87,7 @@ TARGETS = (
                       "kernels.asv_tools.x_compare__*")),
     Target(name="validation", modules=("kernels/validation.py",),
            tests=("correctness_tests/test_registry.py", "correctness_tests/test_cli_errors.py",
+                  "correctness_tests/test_validation.py",
                   "correctness_tests/test_api_inputs.py", "-k",
                   "check_ or number or index_range or config or interpret_flag or refuses"),
            functions=("kernels.validation.*",)),

@@ -26,11 +26,6 @@ class UnknownName(UserError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-def unknown(what: str, got: Any, known: Iterable[Any]) -> UnknownName:
-    """`what: expected one of [...], got 'x'` as an UnknownName, to raise."""
-    return UnknownName(f"{what}: expected one of {sorted(known)}, got {got!r}")
-
-
 def _number(text: str, kind: type, *, minimum: float, inclusive: bool) -> float:
     """`text` as a finite `kind` above (or, `inclusive`, at least) `minimum`; argparse's type
     error otherwise, which it reports naming the option."""
