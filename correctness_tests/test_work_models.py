@@ -77,17 +77,17 @@ def count_flops(jaxpr, *, products_only: bool) -> float:
     return total
 
 
-def _inputs(op: registry.Operation, case: registry.Case) -> tuple[jax.Array, ...]:
-    return tuple(jnp.asarray(x, jnp.float32)
-                 for x in checking.make_inputs(op, case, 0, "normal"))
+def _inputs(op: registry.Operation, case: registry.Case) -> tuple[np.ndarray, ...]:
+    """The case's inputs in float32, as numpy: tracing needs no device (nothing is compiled)."""
+    return tuple(np.asarray(x, np.float32) for x in checking.make_inputs(op, case, 0, "normal"))
 
 
 def _traced_flops(fn, args, *, products_only: bool) -> tuple[float, float]:
     """(forward FLOPs, backward FLOPs) of `fn` at `args`, counted from their jaxprs."""
     forward = count_flops(jax.make_jaxpr(fn)(*args).jaxpr, products_only=products_only)
     out = jax.eval_shape(fn, *args)
-    cotangent = jnp.ones(out.shape, out.dtype)
-    both = jax.make_jaxpr(lambda *a: jax.vjp(fn, *a)[1](cotangent))(*args)
+    cotangent = jax.ShapeDtypeStruct(out.shape, out.dtype)
+    both = jax.make_jaxpr(lambda c, *a: jax.vjp(fn, *a)[1](c))(cotangent, *args)
     return forward, count_flops(both.jaxpr, products_only=products_only) - forward
 
 
@@ -101,7 +101,7 @@ def _softmax_flops(op, case):
     forward = count_flops(jax.make_jaxpr(op.reference)(x).jaxpr, products_only=False)
     # The backward as a kernel computes it, dx = y (dy - sum(y dy)) (checked against the VJP in
     # test_softmax_backward_formula_is_the_vjp); autodiff's graph does more (6 per element).
-    y = op.reference(x)
+    y = jax.eval_shape(op.reference, x)
     backward = count_flops(jax.make_jaxpr(_softmax_backward)(y, y).jaxpr, products_only=False)
     return forward, backward
 
@@ -139,7 +139,7 @@ def _moe_flops(op, case):
     g, s, m = x.shape
     e = router.shape[1]
     slots = moe.capacity(s, e, case.kwargs["top_k"], case.kwargs["capacity_factor"])
-    tokens = jnp.ones((e, g, slots, m), jnp.float32)
+    tokens = jax.ShapeDtypeStruct((e, g, slots, m), jnp.float32)
     experts = _traced_flops(lambda t, a, b: moe.expert_mlp(t, a, b), (tokens, w_in, w_out),
                             products_only=True)
     routing = _traced_flops(lambda a, r: jnp.einsum("gsm,me->gse", a, r), (x, router),
@@ -240,7 +240,7 @@ def test_softmax_backward_formula_is_the_vjp():
 
 
 def test_counter_counts_a_product_and_refuses_unknown_primitives():
-    a, b = jnp.ones((3, 4)), jnp.ones((4, 5))
+    a, b = np.ones((3, 4), np.float32), np.ones((4, 5), np.float32)
     assert count_flops(jax.make_jaxpr(jnp.matmul)(a, b).jaxpr, products_only=True) == 2 * 3 * 4 * 5
     with pytest.raises(AssertionError, match="no rule for primitive 'tanh'"):
         count_flops(jax.make_jaxpr(jnp.tanh)(a).jaxpr, products_only=False)
