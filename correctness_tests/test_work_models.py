@@ -201,17 +201,16 @@ def moved_bytes(op: registry.Operation, case: registry.Case, direction: str) -> 
 
 
 def _cases() -> list[registry.Case]:
-    """Per operation: its CPU cases that differ in parameters, and a 16-bit one where declared
-    (bytes scale with the element size)."""
-    chosen = []
+    """Per operation: for each set of parameters, and f32 or not (bytes scale with the element
+    size), its largest CPU case (a case of one query cannot tell causal from not)."""
+    chosen: dict[tuple, registry.Case] = {}
     for op in registry.operations():
-        seen = set()
         for case in op.cases_tagged("cpu"):
-            key = (case.params, case.dtype == "f32")
-            if key not in seen:
-                seen.add(key)
-                chosen.append(case)
-    return chosen
+            key = (op.name, case.params, case.dtype == "f32")
+            size = math.prod(n for _, n in case.dims)
+            if key not in chosen or size > math.prod(n for _, n in chosen[key].dims):
+                chosen[key] = case
+    return list(chosen.values())
 
 
 @pytest.mark.parametrize("case", _cases(), ids=lambda c: f"{c.op}-{c.id}")
@@ -256,3 +255,52 @@ def test_a_fraction_above_the_roof_stays_loud():
     doubled = model.place(registry.Work(flops=2.0e9, bytes=2.0e9), seconds, sheet, "f32")
     assert doubled.fraction == pytest.approx(2.0)
     assert doubled.suspicious and doubled.warning == "above the roof: work model?"
+
+
+@pytest.mark.parametrize("op_name", sorted(FLOPS))
+def test_work_model_refuses_an_unknown_direction(op_name):
+    op = registry.operation(op_name)
+    with pytest.raises(ValueError, match=r"^direction: expected one of \('fwd', 'bwd'\), got "
+                                         r"'sideways'$"):
+        op.work(op.cases_tagged("cpu")[0], "sideways")
+
+
+# Bytes crossing devices, counted by hand for each sharded operation's 4x2 CPU case (data = 4,
+# model = 2, float32): elements per collective, times 4 bytes. A ring all-reduce of n elements
+# over p devices moves 2 (p - 1) n in all; an all-gather of n elements' shards, (p - 1) n.
+HAND_COUNTED_COMM = {
+    # m, n, k = 64, 32, 48. Forward: A's rows gathered over model, (2 - 1) 64 48 = 3072.
+    # Backward: dA reduce-scattered back (3072) and dB all-reduced over data,
+    # 2 (4 - 1) 48 32 = 9216: 12288 elements.
+    "sharded_matmul": (3072 * 4, 12288 * 4),
+    # batch 16, rows 8, d_in 16, d_out 32. Forward: none. Backward: dw over data,
+    # 2 (4 - 1) 16 32 = 3072, and dx over model, 2 (2 - 1) 16 8 16 = 4096: 7168 elements.
+    "sharded_vmap": (0, 7168 * 4),
+    # groups 8, group_size 16, embed 8, mlp 16, experts 8, top 2, capacity 16 2 / 8 = 4 slots.
+    # Forward: dispatch and return all-to-alls, 2 (3 / 4) 8 8 4 8 = 3072, and the model-sharded
+    # MLP's all-reduce, 2 (2 - 1) 128 8 = 2048: 5120. Backward: the same, and the router
+    # gradient over all 8 devices, 2 (8 - 1) 8 8 = 896: 6016.
+    "moe": (5120 * 4, 6016 * 4),
+    # batch 8, seq 8, embed 16, heads 4, head_dim 4, mlp 32. Forward: two all-reduces over
+    # model, 2 x 2 (2 - 1) 8 8 16 = 4096. Backward: those, and every weight gradient over data:
+    # parameters 4 16 4 4 + 2 16 32 = 2048, 2 (4 - 1) 2048 = 12288: 16384.
+    "transformer_block": (4096 * 4, 16384 * 4),
+}
+
+
+@pytest.mark.parametrize("op_name", sorted(HAND_COUNTED_COMM))
+def test_bytes_between_devices_match_a_hand_count(op_name):
+    op = registry.operation(op_name)
+    case = next(c for c in op.cases_tagged("cpu") if c.kwargs.get("mesh") == "4x2"
+                and c.kwargs.get("top_k", 2) == 2)
+    counted = HAND_COUNTED_COMM[op_name]
+    assert (op.work(case, "fwd").comm_bytes, op.work(case, "bwd").comm_bytes) == counted
+
+
+@pytest.mark.parametrize("args,slots", [((16, 8, 2, 1.0), 4), ((1, 8, 1, 1.0), 1),
+                                        ((10, 4, 1, 1.25), 4), ((8, 8, 1, 2.0), 2)])
+def test_moe_capacity_known_values(args, slots):
+    """Slots per expert per group: ceil(group_size top_k capacity_factor / experts), at least 1."""
+    from kernels.ops.moe import spec as moe
+
+    assert moe.capacity(*args) == slots
