@@ -77,7 +77,9 @@ def test_compare_keeps_new_and_failed_rows_drops_absent_ones_and_passes_gap_and_
     rows = asv_tools.compare(base, head, min_gap=GAP)
     by_key = {(row.benchmark, row.params): row for row in rows}
     assert by_key[key].verdict == "better (no samples)" and by_key[key].ratio == 1.375
+    assert (by_key[key].base, by_key[key].head) == (1.0, 1.375)
     assert by_key[only_base].verdict == "FAILED on head" and by_key[only_base].head is None
+    assert by_key[only_base].base == 1.0 and by_key[only_head].head == 1.0
     assert by_key[only_head].verdict == "new" and by_key[only_head].base is None
     wide = asv_tools.compare(base, head, min_gap=0.5)
     assert {(r.benchmark, r.params): r.verdict for r in wide}[key] == "same (no samples)"
@@ -86,3 +88,23 @@ def test_compare_keeps_new_and_failed_rows_drops_absent_ones_and_passes_gap_and_
     assert {(r.benchmark, r.params): r.verdict for r in floored}[key] == \
         "same (within noise floor)"
     assert asv_tools.compare({key: _r(None)}, {key: None}) == []  # n/a rows are dropped
+
+
+def test_a_dropped_row_does_not_end_the_table():
+    first, second = ("a.S.track_tflops", ()), ("b.S.track_tflops", ())
+    rows = asv_tools.compare({first: _r(None), second: _r(1.0)}, {second: _r(1.0)})
+    assert [(r.benchmark, r.verdict) for r in rows] == [("b.S.track_tflops", "same (no samples)")]
+
+
+def test_lower_is_better_judges_a_rise_as_worse():
+    assert asv_tools.verdict("b.S.track_peak_memory", _r(1.0), _r(1.5))[1] == "worse (no samples)"
+
+
+def test_exit_status_by_worst_verdict():
+    def row(word):
+        return asv_tools.Row(TIME, (), 1.0, 1.0, 1.0, word)
+
+    assert asv_tools.exit_status([]) == 0
+    assert asv_tools.exit_status([row("same"), row("faster"), row("too noisy to tell")]) == 0
+    assert asv_tools.exit_status([row("same"), row("slower")]) == 1
+    assert asv_tools.exit_status([row("slower"), row("FAILED on head")]) == 2
