@@ -92,3 +92,52 @@ def test_check_x64_refuses_what_jax_would_narrow():
         with pytest.raises(TypeError, match=rf"^x: expected a dtype JAX keeps as it is, got "
                                             rf"{np.dtype(dtype).name} \(jax_enable_x64 is off"):
             validation.check_x64_for("x", np.ones(2, dtype))
+
+
+def test_check_x64_covers_every_wide_dtype_and_non_arrays():
+    import jax
+
+    validation.check_x64_for("x", [1.0])  # no dtype: nothing for JAX to narrow
+    if jax.config.jax_enable_x64:
+        pytest.skip("x64 is on here: JAX keeps 64-bit types")
+    for dtype in (np.uint64, np.complex128):
+        with pytest.raises(TypeError, match=rf"got {np.dtype(dtype).name} "):
+            validation.check_x64_for("x", np.ones(2, dtype))
+
+
+class _Shape:
+    def __init__(self, shape, strides=None):
+        self.shape, self.strides = shape, strides
+
+    def __getattr__(self, name):
+        if name == "stride" and self.strides is not None:
+            return lambda: self.strides
+        raise AttributeError(name)
+
+
+def test_check_index_range_edges():
+    validation.check_index_range("x", _Shape(()))  # a scalar: offset 0
+    validation.check_index_range("x", _Shape((0, 2**40)))  # empty: nothing is addressed
+    with pytest.raises(ValueError, match=r"^x: expected offsets below 2\*\*31 \(32-bit index "
+                                         r"arithmetic\), got shape \(65536, 65536\): largest "
+                                         r"offset 4294967295, largest dimension 65536$"):
+        validation.check_index_range("x", _Shape((2**16, 2**16)))
+    with pytest.raises(ValueError, match=r"got shape \(1, 2147483649\) with strides \(0, 0\): "
+                                         r"largest offset 0, largest dimension 2147483649$"):
+        validation.check_index_range("x", _Shape((1, 2**31 + 1), (0, 0)))
+
+
+def test_check_messages_at_their_edges():
+    with pytest.raises(TypeError) as caught:
+        validation.check_config("x" * 300, _Blocks)
+    assert len(str(caught.value)) == 200  # a long value is cut, not the message's start
+    with pytest.raises(ValueError, match=r"^block: expected a power of two >= 2, got 3$"):
+        validation.check_powers_of_two(_Blocks(3), ("block",), at_least=2)
+
+
+def test_check_torch_tensor_names_the_device_of_the_first_argument():
+    torch = pytest.importorskip("torch")  # third-party
+    first = torch.zeros(2)
+    with pytest.raises(ValueError, match=r"^b: expected device cpu like the first argument, "
+                                         r"got meta$"):
+        validation.check_torch_tensor("b", torch.zeros(2, device="meta"), "meta", like=first)

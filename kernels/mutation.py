@@ -96,6 +96,20 @@ TARGETS = (
 # Mutants no test can kill because the program means the same with or without the change:
 # "module.function__mutmut_N": why. Reviewed by hand; keep the reason to one line.
 EQUIVALENT: dict[str, str] = {
+    "kernels.validation.x_check_index_range__mutmut_33":
+        "zip's strict: shape and strides always have one length",
+    "kernels.validation.x_check_index_range__mutmut_36":
+        "zip's strict: shape and strides always have one length",
+    "kernels.validation.x_check_index_range__mutmut_37":
+        "zip's strict: shape and strides always have one length",
+    "kernels.validation.x_check_index_range__mutmut_43":
+        "max's default is read only for a scalar, whose offset is 0",
+    "kernels.validation.x_check_x64_for__mutmut_14":
+        "getattr default None: str(None) is no wide dtype, as '' is not",
+    "kernels.validation.x_check_x64_for__mutmut_20":
+        "getattr default 'XXXX': no wide dtype, as '' is not",
+    "kernels.validation.x_positive_float__mutmut_4":
+        "inclusive=None is falsy, as False is",
     "kernels.asv_tools.x_verdict__mutmut_88":
         "ratio >= 1 for > 1: a ratio of exactly 1 is never a change, so never reaches here",
     "kernels.asv_tools.x_verdict__mutmut_98":
