@@ -2,6 +2,7 @@
 
 import dataclasses
 import importlib.util
+import pathlib
 
 import numpy as np
 import pytest
@@ -82,17 +83,17 @@ def test_machine_file_carries_device_keys_that_asv_loads(tmp_path, monkeypatch):
 
     from kernels import fingerprint
 
-    gpu = dataclasses.replace(fingerprint.fingerprint(), platform="gpu", name="Test GPU 80GB",
-                              driver="999.1", cuda="99.9", default_sm_mhz=1234)
+    gpu = fingerprint.Identity("gpu", "Test GPU 80GB", "test-gpu-80gb", "999.1", "99.9", 1234)
     monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setattr(fingerprint, "fingerprint", lambda: gpu)
-    asv_tools.register_machine("test-gpu")
-    machine = Machine.load(machine_name="test-gpu", _path=str(tmp_path / ".asv-machine.json"))
+    monkeypatch.setattr(fingerprint, "identity", lambda: gpu)
+    assert asv_tools.register_machine() == "test-gpu-80gb"
+    machine = Machine.load(machine_name="test-gpu-80gb",
+                           _path=str(tmp_path / ".asv-machine.json"))
     for key, value in asv_tools.machine_keys(gpu).items():
         assert getattr(machine, key) == value
     assert (machine.gpu, machine.driver, machine.cuda) == (gpu.name, gpu.driver, gpu.cuda)
     assert machine.sm_clock_mhz == str(gpu.default_sm_mhz)
-    assert machine.num_cpu and machine.ram and machine.arch
+    assert machine.num_cpu and machine.ram and machine.arch and "Test GPU" in machine.cpu
 
 
 def test_machine_keys_on_cpu_name_no_gpu():
@@ -133,3 +134,68 @@ def test_learned_floors_round_trip_through_the_results_folder(tmp_path, monkeypa
     assert asv_tools.load_floors("test-machine", results) == floors
     with pytest.raises(ValueError, match="runs: expected at least 2"):
         asv_tools.learn_floors("HEAD", 1, results_dir=results)
+
+
+def test_dashboard_metrics_exist_only_when_recorded(monkeypatch):
+    """Plain asv never sees the throughput metrics (its verdict would read a speedup as a
+    regression); `kernels bench` sets the variable and records them."""
+    import importlib
+
+    import perf_tests.benchmarks as benchmarks
+
+    monkeypatch.delenv(asv_tools.DASHBOARD_VARIABLE, raising=False)
+    plain = importlib.reload(benchmarks).Softmax
+    assert hasattr(plain, "time_device") and hasattr(plain, "track_peak_memory")
+    assert not any(hasattr(plain, name) for name in ("track_tflops", "track_gbps",
+                                                     "track_roofline", "track_speedup",
+                                                     "track_launch"))
+    monkeypatch.setenv(asv_tools.DASHBOARD_VARIABLE, "1")
+    recorded = importlib.reload(benchmarks).Softmax
+    assert all(hasattr(recorded, name) for name in ("track_tflops", "track_gbps",
+                                                    "track_roofline", "track_speedup",
+                                                    "track_launch"))
+    assert all(method in asv_tools.LOWER_IS_BETTER for method in dir(recorded)
+               if method.startswith(("time_", "track_")))
+    monkeypatch.delenv(asv_tools.DASHBOARD_VARIABLE)
+    importlib.reload(benchmarks)
+
+
+def test_importing_the_benchmarks_starts_no_backend():
+    """asv's forkserver imports the benchmark module once and forks every benchmark from it:
+    a JAX backend (threads) or a CUDA context made at import would be forked into each."""
+    import subprocess
+    import sys
+
+    probe = ("import perf_tests.benchmarks, sys; from jax._src import xla_bridge; "
+             "torch = sys.modules.get('torch'); "
+             "print(list(xla_bridge._backends), bool(torch and torch.cuda.is_initialized()))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            cwd=pathlib.Path(__file__).parents[1], timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split("\n")[-2] == "[] False", result.stdout
+
+
+def test_a_benchmark_prepares_its_timing_once_however_often_asv_reruns_setup(monkeypatch):
+    """asv calls setup() before every sample: inputs, compilation and warm-up must not be
+    redone each time (at real sizes that is seconds per sample, and asv's 20 s cap then
+    leaves ten samples)."""
+    import perf_tests.benchmarks as benchmarks
+    from kernels import timing
+
+    prepared = []
+    real_prepare = timing.prepare
+
+    def counting_prepare(*args, **kwargs):
+        prepared.append(args)
+        return real_prepare(*args, **kwargs)
+
+    monkeypatch.setattr(timing, "prepare", counting_prepare)
+    benchmarks._sampler.cache_clear()
+    bench = benchmarks.Softmax()
+    before = benchmarks.DeviceClock.now
+    for _ in range(3):
+        bench.setup("xla", "f32-64x1000", "fwd")
+        bench.time_device()
+    assert len(prepared) == 1
+    assert benchmarks.DeviceClock.now > before
+    benchmarks._sampler.cache_clear()

@@ -10,6 +10,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -160,13 +161,25 @@ def test_unknown_gpu_uses_measured_ceilings_only_with_a_warning(tmp_path, monkey
     monkeypatch.setenv("KERNELPERF_CACHE", str(tmp_path))
     unknown = dataclasses.replace(fingerprint.fingerprint(), platform="gpu",
                                   name="NVIDIA Imaginary 9000", model="nvidia-imaginary-9000")
-    cached = ceilings.Ceiling("NVIDIA Imaginary 9000", "measured", 1e12, {"bf16": 1e14})
+    cached = ceilings.Ceiling("NVIDIA Imaginary 9000", "measured", 1e12, {"bf16": 1e14},
+                              method=ceilings.default_method(unknown))
     path = ceilings.cache_path(unknown.model)
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"ceiling": cached.to_dict()}))
     with pytest.warns(UserWarning, match="no datasheet entry for 'NVIDIA Imaginary 9000'"):
         sheet, measured = ceilings.for_device(unknown, allow_measure=False)
     assert sheet is None and measured == cached
+
+
+def test_ceilings_cached_by_another_clock_are_not_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELPERF_CACHE", str(tmp_path))
+    device = fingerprint.fingerprint()
+    stale = ceilings.Ceiling(device.name, "measured", 1e12, {"f32": 1e12}, method="cuda-events")
+    path = ceilings.cache_path(device.model)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"ceiling": stale.to_dict()}))
+    with pytest.warns(UserWarning, match="timed by cuda-events, not host-clock: measuring again"):
+        assert ceilings.measured(device, allow_measure=False) is None
 
 
 def test_place_memory_bound_point():
@@ -318,54 +331,92 @@ def test_cupti_timer_agrees_with_a_profiler_trace():
     assert abs(m.median_s - traced) <= 0.05 * traced, (m.median_s, traced)
 
 
-class CountingFn:
-    """A jitted computation that counts its calls (what the fake CUPTI session reports on)."""
+class FakeCuptiSession:
+    """Records, between start() and stop(), one kernel per unit of work the call reports;
+    logs every event so the test can see where the flush ran."""
 
     def __init__(self):
-        import jax
-
-        self.calls = 0
-        self.jitted = jax.jit(lambda x: x * 2)
-
-    def __call__(self, x):
-        self.calls += 1
-        return self.jitted(x)
-
-
-class FakeCuptiSession:
-    """Reports, per call since start(), the flush kernel then the call's two kernels."""
-
-    def __init__(self, fn: CountingFn, leading: str = "flush_broadcast"):
-        self.fn, self.leading = fn, leading
+        self.log: list[str] = []
+        self.recording = False
+        self.kernels: list[tuple[str, float]] = []
 
     def start(self):
-        self.before = self.fn.calls
+        self.log.append("start")
+        self.recording, self.kernels = True, []
 
     def stop(self):
-        calls = self.fn.calls - self.before
-        if calls == 0:  # the flush recorded alone
-            return [("flush_broadcast", 0.5)]
-        return [(self.leading, 0.5), ("k1", 1.0), ("k2", 2.0)] * calls
+        self.log.append("stop")
+        self.recording = False
+        return self.kernels
+
+    def launch(self, name: str, ms: float):
+        self.log.append(name)
+        if self.recording:
+            self.kernels.append((name, ms))
 
 
-def test_cupti_sampler_sums_each_calls_kernels_and_leaves_the_flush_out():
-    import jax.numpy as jnp
+def test_cupti_sampler_records_each_call_alone_and_leaves_the_flush_out():
+    session = FakeCuptiSession()
+    sizes = iter([1, 2, 1, 3, 2])  # calls launch different numbers of kernels (autograd, ...)
 
-    fn = CountingFn()
-    sampler = timing._jax_cupti_sampler(fn, (jnp.ones(4),), 1024, FakeCuptiSession(fn))
-    assert sampler.flush_names == ["flush_broadcast"]
-    assert sampler.take(3) == pytest.approx([3e-3] * 3)  # (1 + 2) ms per call
-    assert fn.calls == 1 + 3  # one compiling call before any recording, then the three
+    def call():
+        for k in range(next(sizes)):
+            session.launch(f"k{k}", 1.0 + k)
+
+    sampler = timing._CuptiSampler(call, lambda: session.launch("flush", 9.0),
+                                   lambda _: None, session, "softmax-test")
+    assert sampler.flush_names == ["flush"]  # learned by recording the flush alone
+    # The compiling call ran unrecorded; then each sample is start, flush, kernels, stop.
+    assert sampler.take(4) == pytest.approx([3e-3, 1e-3, 6e-3, 3e-3])
+    assert session.log[:6] == ["k0", "flush", "start", "flush", "stop", "start"]
+    assert session.log[6:9] == ["flush", "k0", "k1"]
 
 
-def test_cupti_sampler_refuses_calls_that_do_not_start_with_the_flush():
-    import jax.numpy as jnp
+def test_cupti_sampler_refuses_a_call_that_launches_no_kernel_or_skips_the_flush():
+    session = FakeCuptiSession()
+    sampler = timing._CuptiSampler(lambda: None, lambda: session.launch("flush", 1.0),
+                                   lambda _: None, session, "copy")
+    with pytest.raises(RuntimeError, match="CUPTI recorded no kernel for copy"):
+        sampler.take(1)
+    flushes = iter([True, True, False])
+    sampler = timing._CuptiSampler(lambda: session.launch("k", 1.0),
+                                   lambda: session.launch("flush", 1.0) if next(flushes)
+                                   else None, lambda _: None, session, "call")
+    with pytest.raises(RuntimeError, match="expected the call to follow the flush's kernels"):
+        sampler.take(1)
 
-    fn = CountingFn()
-    sampler = timing._jax_cupti_sampler(fn, (jnp.ones(4),), 1024,
-                                        FakeCuptiSession(fn, "other"))
-    with pytest.raises(RuntimeError, match="expected each call to start with the flush"):
-        sampler.take(2)
+
+def test_torch_is_timed_by_cupti_unless_events_are_asked_for(monkeypatch):
+    monkeypatch.delenv(timing.TORCH_TIMER_VARIABLE, raising=False)
+    assert timing.torch_timer() == "cupti"
+    monkeypatch.setenv(timing.TORCH_TIMER_VARIABLE, "cuda-events")
+    assert timing.torch_timer() == "cuda-events"
+    monkeypatch.setenv(timing.TORCH_TIMER_VARIABLE, "events")
+    with pytest.raises(ValueError, match="KERNELPERF_TORCH_TIMER: expected one of"):
+        timing.torch_timer()
+
+
+def test_measurements_by_different_clocks_are_not_compared():
+    one = timing.Measurement.from_samples([1e-3], label="a", method="cupti", regime="cold",
+                                          stop_reason="converged", fingerprint={})
+    other = dataclasses.replace(one, label="b", method="cuda-events")
+    assert timing.comparable(one, dataclasses.replace(one, label="c")) is None
+    assert "different clocks (a: cupti, b: cuda-events)" in timing.comparable(one, other)
+
+
+def test_launch_overhead_is_host_time_per_issued_call():
+    calls = []
+
+    def fn():
+        calls.append(time.perf_counter())
+        time.sleep(2e-3)
+
+    timeable = timing.Timeable("sleep", "torch", fn, (), on_gpu=False)
+    rule = timing.StoppingRule(min_samples=3, time_budget_s=0.2)
+    m = timing.launch_overhead(timeable, rule=rule, calls=4)
+    assert m.method == "host-launch" and m.repeats >= 3
+    assert 2e-3 <= m.median_s < 4e-3  # per call, not per batch of 4
+    assert len(calls) == 4 * (m.repeats + timing.WARMUP_CALLS)
 
 
 def test_cases_are_built_from_dims_and_attention_flags():

@@ -11,7 +11,13 @@ commit's `kernels` is installed into the environment (asv.conf.json builds it
 with --no-deps --no-index), so it shadows nothing and is shadowed by nothing.
 
 Loaded by asv through asv.conf.json's "plugins"; selected by
-"environment_type": "kernelperf".
+"environment_type": "kernelperf". Loading it (`setup`, which asv calls before
+any command runs) also names the machine: unless `--machine` is given, plain
+`asv run`, `asv continuous main HEAD` and `asv find` run as the normalised
+GPU (or CPU) model, with its entry in ~/.asv-machine.json written or
+refreshed with the device keys, exactly as `python -m kernels bench` does. So
+a fresh machine needs no `asv machine` questions, and results land in
+.asv/results/<model>/ whichever command made them.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import sysconfig
 from pathlib import Path
 
 from asv.console import log
+from asv.machine import Machine
 from asv.plugins.virtualenv import Virtualenv
 
 PTH_NAME = "kernelperf-host-packages.pth"
@@ -41,6 +48,28 @@ def host_package_paths() -> list[str]:
         if str(resolved) not in paths:
             paths.append(str(resolved))
     return paths
+
+
+# The asv commands that pick a machine (and would otherwise ask for one at a terminal).
+_MACHINE_COMMANDS = ("run", "continuous", "find", "dev", "profile")
+
+
+def _command_and_machine(argv: list[str]) -> tuple[str | None, bool]:
+    """(the asv subcommand that picks a machine, or None; whether --machine / -m was given)."""
+    command = next((word for word in argv[1:] if word in _MACHINE_COMMANDS), None)
+    given = any(w in ("--machine", "-m") or w.startswith("--machine=") for w in argv[1:])
+    return command, given
+
+
+def setup() -> None:
+    """asv's plugin hook: name the machine by its device model unless asv was told one."""
+    command, given = _command_and_machine(sys.argv)
+    if given or command is None:
+        return
+    from kernels import asv_tools, environment
+
+    environment.configure()
+    Machine.hardcoded_machine_name = asv_tools.register_machine()
 
 
 class KernelperfEnvironment(Virtualenv):

@@ -31,9 +31,11 @@ import subprocess
 from pathlib import Path
 
 LOWER_IS_BETTER = {"time_device": True, "track_tflops": False, "track_gbps": False,
-                   "track_roofline": False, "track_speedup": False, "track_peak_memory": True}
+                   "track_roofline": False, "track_speedup": False, "track_peak_memory": True,
+                   "track_launch": True}
 UNITS = {"time_device": "s", "track_tflops": "TFLOP/s", "track_gbps": "GB/s",
-         "track_roofline": "of roof", "track_speedup": "x", "track_peak_memory": "B"}
+         "track_roofline": "of roof", "track_speedup": "x", "track_peak_memory": "B",
+         "track_launch": "us (host)"}
 DEFAULT_MIN_GAP = 0.05
 
 
@@ -58,34 +60,7 @@ def machine_name() -> str:
     """asv's machine name: the normalised device model, e.g. nvidia-h100-80gb-hbm3."""
     from kernels import fingerprint
 
-    return fingerprint.fingerprint().model
-
-
-def _asv(*args: str) -> None:
-    import sys
-
-    command = [sys.executable, "-m", "asv", *args]
-    print("+ " + " ".join(command), flush=True)
-    subprocess.run(command, check=True)
-
-
-def register_machine(name: str) -> None:
-    """Create (or refresh) ~/.asv-machine.json's entry for this machine, non-interactively."""
-    import os
-    import platform
-
-    from kernels import fingerprint
-
-    device = fingerprint.fingerprint()
-    cpu = platform.processor() or platform.machine()
-    ram = str(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    _asv("machine", "--yes", "--machine", name, "--os", platform.platform(),
-         "--arch", platform.machine(), "--cpu", f"{cpu}; {device.describe()}",
-         "--num_cpu", str(os.cpu_count()), "--ram", ram)
-    # `asv machine` drops a flag equal to its own default (arch, num_cpu, ram here)
-    # from a new entry, so those are written together with the device keys.
-    add_machine_keys(name, {"arch": platform.machine(), "num_cpu": str(os.cpu_count()),
-                            "ram": ram, **machine_keys(device)})
+    return fingerprint.identity().model
 
 
 def machine_keys(device) -> dict[str, str]:
@@ -98,30 +73,62 @@ def machine_keys(device) -> dict[str, str]:
             "cuda": text(device.cuda), "sm_clock_mhz": text(device.default_sm_mhz)}
 
 
-def add_machine_keys(name: str, keys: dict[str, str]) -> None:
-    """Add `keys` to `name`'s entry in ~/.asv-machine.json.
+def register_machine(name: str | None = None) -> str:
+    """Write (or refresh) this machine's entry in ~/.asv-machine.json; returns its name.
 
-    `asv machine` takes flags only for its six fields (machine, os, arch, cpu,
-    num_cpu, ram), but asv loads every key of the entry into the machine and
-    `asv run` stores them all in each result's params, so extra keys are
-    written into the file after `asv machine --yes` has created the entry.
+    Every asv entry point ends here: `python -m kernels bench` calls it, and so does the
+    asv plugin (kernels/asv_plugin.py) before plain `asv run` / `asv continuous` / `asv find`
+    pick a machine. asv copies every key of the entry into each result's params, so the
+    device keys (`machine_keys`) are in it beside asv's own six fields. Written directly,
+    not through `asv machine --yes`, which asks questions at a terminal and reports the
+    missing hostname entry as an error on the way.
     """
-    from asv import util
+    import os
+    import platform
+
     from asv.machine import MachineCollection
 
+    from kernels import fingerprint
+
+    device = fingerprint.identity()
+    name = name or device.model
+    uname = platform.uname()
+    cpu = fingerprint._cpu_name()
+    if device.platform == "gpu":
+        cpu = f"{cpu}; {device.name}, driver {device.driver}, CUDA {device.cuda}"
+    info = {"machine": name, "os": f"{uname.system} {uname.release}",
+            "arch": platform.machine(), "cpu": cpu, "num_cpu": str(os.cpu_count()),
+            "ram": str(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
+            **machine_keys(device)}
     path = MachineCollection.get_machine_file_path()
-    machines = util.load_json(path, MachineCollection.api_version)
-    if name not in machines:
-        raise ValueError(f"machine {name!r}: expected an entry in {path} (made by `asv machine`),"
-                         f" found only {sorted(machines)}")
-    machines[name].update(keys)
-    util.write_json(path, machines, MachineCollection.api_version)
+    try:
+        if MachineCollection.load(name) == info:
+            return name  # unchanged: leave the file alone
+    except Exception:  # no file, no entry, or a file of another asv version: write it
+        pass
+    MachineCollection.save(name, info)
+    print(f"asv machine {name!r} written to {path}", flush=True)
+    return name
+
+
+def _asv(*args: str) -> None:
+    import sys
+
+    command = [sys.executable, "-m", "asv", *args]
+    print("+ " + " ".join(command), flush=True)
+    subprocess.run(command, check=True)
+
+
+DASHBOARD_VARIABLE = "KERNELPERF_DASHBOARD_METRICS"  # perf_tests/benchmarks.py reads it
 
 
 def bench(revisions: list[str], *, bench_regex: str | None = None) -> str:
-    """Run asv's benchmarks on each revision on this machine; returns the machine name."""
-    name = machine_name()
-    register_machine(name)
+    """Run asv's benchmarks on each revision on this machine, dashboard metrics included;
+    returns the machine name."""
+    import os
+
+    name = register_machine()
+    os.environ[DASHBOARD_VARIABLE] = "1"  # asv passes the environment to the benchmarks
     for revision in revisions:
         # --record-samples (asv continuous's default, not asv run's) keeps the samples that
         # asv's Mann-Whitney test needs; without them only the 99% intervals are compared.
@@ -229,6 +236,54 @@ def render(rows: list[Row]) -> str:
     return table(body, ["benchmark", "parameters", "base", "head", "head/base", "verdict"])
 
 
+# The order rows take in the Markdown summary: what a reviewer must look at first.
+VERDICT_ORDER = ("FAILED on head", "slower", "worse (no samples)", "too noisy to tell",
+                 "faster", "better (no samples)", "new", "same (within noise floor)",
+                 "same (no samples)", "same")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render_markdown(rows: list[Row], heading: str) -> str:
+    """The verdict table as GitHub Markdown, for a pull request's job summary.
+
+    A count per verdict, then the rows that changed (failed and slower first) in one table,
+    then the unchanged rows folded in a <details> block, so a suite of hundreds of rows
+    still shows its few changes at once.
+    """
+    def rank(verdict: str) -> int:
+        return VERDICT_ORDER.index(verdict) if verdict in VERDICT_ORDER else len(VERDICT_ORDER)
+
+    def table(selected: list[Row]) -> list[str]:
+        lines = ["| verdict | benchmark | parameters | base | head | head/base |",
+                 "|---|---|---|---:|---:|---:|"]
+        for row in sorted(selected, key=lambda r: (rank(r.verdict), r.benchmark, r.params)):
+            verdict = f"**{row.verdict}**" if row.verdict in ("FAILED on head", "slower") \
+                else row.verdict
+            params = ", ".join(p.strip("'") for p in row.params)
+            lines.append(f"| {verdict} | {_cell(row.benchmark.removeprefix('benchmarks.'))} | "
+                         f"{_cell(params)} | {_format(row.base, row.benchmark)} | "
+                         f"{_format(row.head, row.benchmark)} | "
+                         + (f"{row.ratio:.3f}" if row.ratio is not None else "-") + " |")
+        return lines
+
+    counts = {word: sum(row.verdict == word for row in rows)
+              for word in sorted({row.verdict for row in rows}, key=rank)}
+    lines = [f"### {heading}", "",
+             ", ".join(f"**{n} {word}**" if word in ("FAILED on head", "slower") else
+                       f"{n} {word}" for word, n in counts.items()) or "no results", ""]
+    changed = [row for row in rows if not row.verdict.startswith("same")]
+    same = [row for row in rows if row.verdict.startswith("same")]
+    if changed:
+        lines += [*table(changed), ""]
+    if same:
+        lines += [f"<details><summary>{len(same)} unchanged</summary>", "", *table(same), "",
+                  "</details>", ""]
+    return "\n".join(lines)
+
+
 def exit_status(rows: list[Row]) -> int:
     if any(row.verdict == "FAILED on head" for row in rows):
         return 2
@@ -238,7 +293,10 @@ def exit_status(rows: list[Row]) -> int:
 
 
 def run(base_rev: str, head_rev: str, *, machine: str, results_dir: str = ".asv/results",
-        min_gap: float = DEFAULT_MIN_GAP) -> int:
+        min_gap: float = DEFAULT_MIN_GAP, summary_md: str | None = None) -> int:
+    """Compare two commits' results on `machine` and print the verdict table; its exit status.
+    With `summary_md`, the table is also appended to that file as Markdown (render_markdown;
+    the pull-request workflow passes $GITHUB_STEP_SUMMARY)."""
     base_hash, head_hash = full_hash(base_rev), full_hash(head_rev)
     base = load(results_dir, machine, base_hash)
     head = load(results_dir, machine, head_hash)
@@ -256,6 +314,14 @@ def run(base_rev: str, head_rev: str, *, machine: str, results_dir: str = ".asv/
     words = sorted({row.verdict for row in rows})
     counts = {word: sum(row.verdict == word for row in rows) for word in words}
     print("summary: " + ", ".join(f"{n} {word}" for word, n in counts.items()))
+    if summary_md:
+        heading = (f"asv on {machine}: {base_rev} ({base_hash[:8]}) -> {head_rev} "
+                   f"({head_hash[:8]})")
+        note = (f"Changes under {min_gap:.0%} count as same"
+                + (f", and under each benchmark's noise floor ({len(floors)} learned)."
+                   if floors else "."))
+        with open(summary_md, "a") as out:
+            out.write(render_markdown(rows, heading) + "\n" + note + "\n\n")
     return exit_status(rows)
 
 

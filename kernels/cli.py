@@ -131,14 +131,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     machine = asv_tools.bench(revisions, bench_regex=args.bench)
     if not args.base:
         return 0
-    return asv_tools.run(args.base, args.head, machine=machine, min_gap=args.min_gap)
+    return asv_tools.run(args.base, args.head, machine=machine, min_gap=args.min_gap,
+                         summary_md=args.summary_md)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from kernels import asv_tools
 
     machine = args.machine or asv_tools.machine_name()
-    return asv_tools.run(args.base, args.head, machine=machine, min_gap=args.min_gap)
+    return asv_tools.run(args.base, args.head, machine=machine, min_gap=args.min_gap,
+                         summary_md=args.summary_md)
 
 
 def cmd_noise_floor(args: argparse.Namespace) -> int:
@@ -173,16 +175,18 @@ def main(argv: list[str] | None = None) -> int:
             sub_parser.add_argument("--machine", help="asv machine (default: this device model)")
         sub_parser.add_argument("--min-gap", type=validation.nonnegative_float, default=0.05,
                                 help="relative change below which rows count as same")
+        sub_parser.add_argument("--summary-md", metavar="PATH", help="also append the verdict "
+                                "table as Markdown to PATH (e.g. $GITHUB_STEP_SUMMARY)")
     floor = sub.add_parser("noise-floor", help="run asv repeatedly on one commit; store each "
                            "benchmark's run-to-run shift, which compare then requires a change "
                            "to exceed")
     floor.add_argument("--revision", type=revision, default="HEAD")
     floor.add_argument("--runs", type=validation.positive_int, default=3)
     floor.add_argument("--bench", help="asv benchmark regex (e.g. Softmax.time_device)")
-    from kernels import measure_cli, profiling_cli, tuning
+    from kernels import gate, measure_cli, profiling_cli, tuning
 
     extra_commands = {**measure_cli.add_commands(sub), **profiling_cli.add_commands(sub),
-                      **tuning.add_commands(sub)}
+                      **tuning.add_commands(sub), **gate.add_commands(sub)}
     args = parser.parse_args(argv)
     commands = {"list": cmd_list, "check": cmd_check, "bench": cmd_bench, "compare": cmd_compare,
                 "noise-floor": cmd_noise_floor, **extra_commands}

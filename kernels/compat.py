@@ -51,7 +51,9 @@ class CuptiSession:
         self._extension._cupti_init()
 
     def stop(self) -> list[tuple[str, float]]:
-        return list(self._extension._cupti_get_timings(True) or ())
+        # finalize=False: CUPTI stays attached between the many short sessions a measurement
+        # opens (one per sample); detaching and re-attaching each time costs milliseconds.
+        return list(self._extension._cupti_get_timings(False) or ())
 
 
 def cupti_session() -> CuptiSession | None:

@@ -9,6 +9,9 @@
 - `trace_kernel_time`: a JAX timeable's kernel time from an XLA profiler
   trace (`jax.profiler.trace`), independent of the timer's CUPTI path; used
   by `python -m kernels verify-timing`.
+- `torch_profiler_kernel_time`: the same for torch-side code (Triton, the
+  ctypes CUDA kernels, torch baselines) from torch.profiler's (Kineto's)
+  trace.
 - `ncu_kernel_time`: the same from Nsight Compute's kernel durations (GPU only).
 - `ncu_dram_command` / `dram_bytes_check`: the byte model of a bandwidth-bound
   kernel against Nsight Compute's DRAM byte counters (GPU only):
@@ -180,6 +183,59 @@ def trace_kernel_time(timeable, *, calls: int = 30) -> float:
     return statistics.median(sums)
 
 
+CALL_RANGE = "kernelperf-call"
+
+
+def torch_profiler_kernel_time(timeable, *, calls: int = 30) -> float:
+    """Median over `calls` cold calls of the summed kernel durations, from torch.profiler.
+
+    Each call runs inside a `record_function` range that ends with a device
+    synchronize, after an L2-sized write that was waited for before the range
+    began; a call's kernels are the GPU kernels that start inside its range
+    (Kineto puts host ranges and device kernels on one time base). Memcpy and
+    memset records are not kernels and are left out, as CUPTI's kernel records
+    leave them out.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from kernels import fingerprint, timing
+
+    flush = torch.empty(timing.l2_bytes(fingerprint.fingerprint()), dtype=torch.int8,
+                        device="cuda")
+    for _ in range(timing.WARMUP_CALLS):
+        timeable.fn(*timeable.args)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            flush.zero_()
+            torch.cuda.synchronize()
+            with record_function(CALL_RANGE):
+                timeable.fn(*timeable.args)
+                torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as scratch:
+        path = pathlib.Path(scratch) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text())["traceEvents"]
+    ranges = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                    if e.get("ph") == "X" and e.get("name") == CALL_RANGE
+                    and e.get("cat") == "user_annotation")
+    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    sums = [0.0] * len(ranges)
+    for kernel in kernels:
+        for index, (start, end) in enumerate(ranges):
+            # 1 us of slack for the host/device clock alignment; the flush ran and was
+            # waited for before the range began, so it starts well before.
+            if start - 1.0 <= kernel["ts"] <= end:
+                sums[index] += float(kernel["dur"]) * 1e-6
+                break
+    if len(ranges) != calls or not all(sums):
+        raise RuntimeError(f"torch.profiler: expected {calls} '{CALL_RANGE}' ranges each with "
+                           f"kernels, found {len(ranges)} ranges, {sum(map(bool, sums))} with "
+                           f"kernels ({len(kernels)} kernels in all)")
+    return statistics.median(sums)
+
+
 NCU_BASE = ("ncu", "--csv", "--profile-from-start", "off", "--cache-control", "all",
             "--clock-control", "none")
 
@@ -250,8 +306,9 @@ def ncu_kernel_time(op: str, impl: str, case: str, *, calls: int = 10) -> float:
 
 
 def trace_in_subprocess(op: str, impl: str, case: str, *, calls: int = 30) -> float:
-    """`trace_kernel_time` in a fresh process: CUPTI takes one subscriber at a time, and the
-    profiler there is untouched by the timer's CUPTI use here."""
+    """The independent profiler's median kernel time in a fresh process (XLA's trace for JAX
+    code, torch.profiler's for torch-side code): CUPTI takes one subscriber at a time, and
+    the profiler there is untouched by the timer's CUPTI use here."""
     result = subprocess.run(_child("trace", op, impl, case, "--calls", str(calls)),
                             capture_output=True, text=True, env=_child_env(), timeout=900)
     if result.returncode:
@@ -306,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_text in (("run", "warm up, then calls under cudaProfilerStart (for ncu)"),
-                            ("trace", "median kernel time from an XLA profiler trace"),
+                            ("trace", "median kernel time from a profiler trace (XLA's for "
+                                      "JAX code, torch.profiler's for torch-side code)"),
                             ("dram", "ncu DRAM bytes of one call vs the byte model"),
                             ("ncu-time", "median kernel time by ncu")):
         command = sub.add_parser(name, help=help_text)
@@ -319,7 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         _run_calls(args.op, args.impl, args.case, args.calls)
     elif args.command == "trace":
-        print(repr(trace_kernel_time(_timeable(args.op, args.impl, args.case), calls=args.calls)))
+        timeable = _timeable(args.op, args.impl, args.case)
+        traced = trace_kernel_time if timeable.framework == "jax" else torch_profiler_kernel_time
+        print(repr(traced(timeable, calls=args.calls)))
     elif args.command == "ncu-time":
         print(repr(ncu_kernel_time(args.op, args.impl, args.case, calls=args.calls)))
     elif args.command == "dram":

@@ -178,6 +178,50 @@ def fingerprint() -> Fingerprint:
                        props["compute_capability"], driver, cuda, default_mhz, max_mhz, versions)
 
 
+@dataclasses.dataclass(frozen=True)
+class Identity:
+    """What names a machine for asv: the device model and the keys every result carries."""
+
+    platform: str
+    name: str
+    model: str
+    driver: str | None
+    cuda: str | None
+    default_sm_mhz: int | None
+
+
+def _nvml_index_handle(nvml):
+    """NVML handle of the first visible GPU, read without starting CUDA (asv's own process
+    names the machine and must stay light): CUDA_VISIBLE_DEVICES's first entry, by index or
+    UUID, else GPU 0."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    if first.startswith("GPU-"):
+        return nvml.nvmlDeviceGetHandleByUUID(first.encode())
+    return nvml.nvmlDeviceGetHandleByIndex(int(first) if first.isdigit() else 0)
+
+
+@functools.cache
+def identity() -> Identity:
+    """This machine's device model, driver, CUDA and default clock, through NVML alone (no
+    torch, no CUDA context); falls back to `fingerprint()` where NVML cannot be read."""
+    if not environment.nvidia_gpu_present():
+        name = _cpu_name()
+        return Identity("cpu", name, normalise(name), None, None, None)
+    nvml = _nvml()
+    try:
+        handle = _nvml_index_handle(nvml)
+        name = _text(nvml.nvmlDeviceGetName(handle))
+        version = nvml.nvmlSystemGetCudaDriverVersion()
+        return Identity("gpu", name, normalise(name), _text(nvml.nvmlSystemGetDriverVersion()),
+                        f"{version // 1000}.{version % 1000 // 10}",
+                        _nvml_call(nvml.nvmlDeviceGetDefaultApplicationsClock, handle,
+                                   nvml.NVML_CLOCK_SM))
+    except Exception:  # no NVML (nvidia-ml-py missing) or an unexpected board
+        full = fingerprint()
+        return Identity(full.platform, full.name, full.model, full.driver, full.cuda,
+                        full.default_sm_mhz)
+
+
 def _nvml_call(fn, *args) -> int | None:
     try:
         return int(fn(*args))

@@ -6,19 +6,30 @@ samples until the noise allows a verdict, and returns a `Measurement`.
 
 How a sample is taken (the `method` every result names):
 
-  "cupti"        JAX on a GPU: kernel time from CUPTI, recorded as
+  "cupti"        the default on a GPU, for every framework (JAX, torch, Triton,
+                 the ctypes CUDA kernels): kernel time from CUPTI, recorded as
                  `jax.experimental.mosaic.gpu.profiler.measure` does (see
-                 `compat.CuptiSession`); a sample is the sum of the kernel
-                 durations of one call.
-  "cuda-events"  torch / Triton on a GPU: a CUDA event pair around one call on
-                 the current stream (as `triton.testing.do_bench` does);
-                 KERNELPERF_TORCH_TIMER=cupti times them by CUPTI instead,
-                 which leaves out the GPU's idle time while the host launches.
+                 `compat.CuptiSession`); a sample is the sum of the durations
+                 of the kernels one call launched, and nothing else: not the
+                 L2 flush, not the GPU idling while the host launches.
+  "cuda-events"  torch / Triton on a GPU, only when asked for
+                 (KERNELPERF_TORCH_TIMER=cuda-events) or where CUPTI cannot be
+                 had (then with a warning): a CUDA event pair around one call,
+                 as `triton.testing.do_bench` does. It also counts the GPU
+                 waiting for Python to launch (a 357 us Triton kernel read
+                 610 us on an H100, a 2 us one 105 us).
   "host-clock"   the CPU, a GPU JAX without CUPTI, or JAX inputs sharded over
                  several devices: perf_counter around one
                  call that waits for its result. On a GPU this includes
                  dispatch overhead (a 1.8 us kernel read 38.9 us), so it is
                  labelled, never passed off as device time.
+
+Results taken by different methods are not compared (`comparable`): a
+speedup or a roofline over mixed clocks would measure the clocks.
+
+Host launch cost per call (Python launchers, autograd, ctypes, argument
+checks) is real but is not device time: `launch_overhead` measures it apart,
+as the host time to issue a run of calls back to back without waiting.
 
 Regimes: "cold" (default) writes exactly the L2 size (the last-level cache
 size on CPU) into a scratch buffer before every sample, outside the timed
@@ -38,7 +49,9 @@ import dataclasses
 import functools
 import os
 import statistics
+import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -221,15 +234,19 @@ def _jit(fn):
     return fn if hasattr(fn, "lower") else jax.jit(fn)
 
 
-def callable_timeable(label: str, fn: Callable[[], Any], framework: str) -> Timeable:
-    """A zero-argument torch or JAX callable as a Timeable (ceilings use it)."""
+def callable_timeable(label: str, fn: Callable[..., Any], framework: str,
+                      args: tuple[Any, ...] = ()) -> Timeable:
+    """`fn(*args)` in torch or JAX as a Timeable (ceilings use it). JAX arrays must come as
+    `args`, never closed over: a jitted closure embeds them as constants, and XLA folds
+    what it can (the negation of a captured array of ones became a write-only fill that
+    read as twice the copy bandwidth)."""
     if framework == "torch":
         import torch
 
-        return Timeable(label, "torch", fn, (), torch.cuda.is_available())
+        return Timeable(label, "torch", fn, args, torch.cuda.is_available())
     from kernels import compat
 
-    return Timeable(label, "jax", _jit(fn), (), compat.on_gpu())
+    return Timeable(label, "jax", _jit(fn), args, compat.on_gpu())
 
 
 def l2_bytes(device: fingerprint.Fingerprint) -> int:
@@ -316,86 +333,88 @@ class _CudaEventSampler:
 
 
 class _CuptiSampler:
-    """Kernel time from CUPTI: per call, the sum of its kernels' durations.
+    """Kernel time from CUPTI: per call, the sum of the durations of the kernels it launched.
 
-    In the cold regime each call is preceded by a separate flush (a program
-    or torch op writing the L2-sized buffer); one stream runs them in order,
-    so the recorded kernels come as [flush kernels, call kernels] per call.
-    The flush's kernels, learned by recording it alone, are checked by name at
-    the start of every call's group and left out of the sum.
+    Every sample is recorded in a session of its own, so a call may launch a
+    different number of kernels each time (autograd, XLA autotuning left
+    over) and torch's autograd worker thread is recorded like any other. In
+    the cold regime the flush is dispatched inside the session right before
+    the call, with no wait between them (as `triton.testing.do_bench` and the
+    profilers run them: a pause there lets the L2 write back the flush's dirty
+    lines, which changes what a kernel of a few microseconds meets); its kernels, learned by
+    recording the flush alone, come first and are left out of the sum.
 
-    call: runs the timed code once; flush: writes the L2 (or None, hot);
-    wait(last): blocks until the last dispatched work is done.
+    call: runs the timed code once; flush: writes the L2 (or None, hot), without
+    waiting; wait(last): blocks until the last dispatched work is done.
     """
 
     def __init__(self, call: Callable[[], Any], flush: Callable[[], Any] | None,
-                 wait: Callable[[Any], Any], session):
+                 wait: Callable[[Any], Any], session, label: str = "call"):
         self.call, self.flush, self.wait, self.session = call, flush, wait, session
+        self.label = label
         # Compile (and let XLA autotune, which launches kernels of its own) before any recording.
         wait(call())
         self.flush_names: list[str] = []
         if flush is not None:
             wait(flush())
-            self.flush_names = [name for name, _ in self._record(1, flush_only=True)]
+            self.flush_names = [name for name, _ in self._record(flush_only=True)]
             if not self.flush_names:
                 raise RuntimeError("CUPTI recorded no kernel for the L2 flush")
 
-    def _record(self, n: int, flush_only: bool = False) -> list[tuple[str, float]]:
+    def _record(self, flush_only: bool = False) -> list[tuple[str, float]]:
         self.session.start()
         try:
-            last = None
-            for _ in range(n):
-                if self.flush is not None:
-                    last = self.flush()
-                if not flush_only:
-                    last = self.call()
+            last = self.flush() if self.flush is not None else None
+            if not flush_only:
+                last = self.call()
             self.wait(last)
         finally:
             kernels = self.session.stop()
         return kernels
 
     def take(self, n: int) -> list[float]:
-        kernels = self._record(n)
-        if not kernels or len(kernels) % n:
-            raise RuntimeError(f"CUPTI recorded {len(kernels)} kernels for {n} calls; expected "
-                               f"the same number per call")
-        per_call = len(kernels) // n
-        skip = len(self.flush_names)
         samples = []
-        for start in range(0, len(kernels), per_call):
-            group = kernels[start:start + per_call]
-            if [name for name, _ in group[:skip]] != self.flush_names or per_call == skip:
-                raise RuntimeError(f"CUPTI: expected each call to start with the flush's kernels "
-                                   f"{self.flush_names}, got {[name for name, _ in group]}")
-            samples.append(sum(ms for _, ms in group[skip:]) * 1e-3)
+        skip = len(self.flush_names)
+        for _ in range(n):
+            kernels = self._record()
+            if [name for name, _ in kernels[:skip]] != self.flush_names:
+                raise RuntimeError(f"CUPTI: expected the call to follow the flush's kernels "
+                                   f"{self.flush_names}, got {[name for name, _ in kernels]}")
+            if len(kernels) == skip:
+                raise RuntimeError(
+                    f"CUPTI recorded no kernel for {self.label}: it launches none (a "
+                    f"device-to-device memcpy or a host-only call is no kernel to CUPTI); time "
+                    f"it with KERNELPERF_TORCH_TIMER=cuda-events or on the host clock")
+            samples.append(sum(ms for _, ms in kernels[skip:]) * 1e-3)
         return samples
 
 
-def _jax_cupti_sampler(fn, args: tuple[Any, ...], flush_bytes: int | None,
-                       session) -> _CuptiSampler:
-    import jax
-    import jax.numpy as jnp
-
-    flush = None
-    if flush_bytes:
-        write = jax.jit(lambda token: jnp.broadcast_to(token, (flush_bytes // 4,)))
-        flush = functools.partial(write, jnp.int32(1))
-    return _CuptiSampler(functools.partial(fn, *args), flush, jax.block_until_ready, session)
-
-
-def _torch_cupti_sampler(fn, args: tuple[Any, ...], flush_bytes: int | None,
-                         session) -> _CuptiSampler:
-    import torch
-
-    flush = _torch_flush(flush_bytes) if flush_bytes else None
-    return _CuptiSampler(functools.partial(fn, *args), flush,
-                         lambda _: torch.cuda.synchronize(), session)
-
-
-# torch / Triton on a GPU: "cuda-events" (the default, as triton.testing.do_bench) or
-# "cupti". Events can also count the GPU idling while the host launches, which dominates
-# kernels of a few microseconds (a 256x1024 softmax: 2.6 us by CUPTI, 18-93 us by events).
+# torch / Triton / ctypes CUDA on a GPU: "cupti" (the default, the clock JAX is timed by) or
+# "cuda-events" (asked for; also counts the GPU idling while the host launches, which
+# dominates kernels of a few microseconds: a 256x1024 softmax, 2.6 us by CUPTI, 18-105 us
+# by events).
 TORCH_TIMER_VARIABLE = "KERNELPERF_TORCH_TIMER"
+TORCH_TIMERS = ("cupti", "cuda-events")
+
+
+def torch_timer() -> str:
+    """The method asked for torch-side implementations on a GPU (KERNELPERF_TORCH_TIMER)."""
+    choice = os.environ.get(TORCH_TIMER_VARIABLE, "") or "cupti"
+    if choice not in TORCH_TIMERS:
+        raise ValueError(f"{TORCH_TIMER_VARIABLE}: expected one of {TORCH_TIMERS}, got "
+                         f"{choice!r}")
+    return choice
+
+
+@functools.cache
+def _warn_no_cupti(framework: str, fallback: str) -> None:
+    """Once per process and framework: loud, since the numbers are then not device time."""
+    message = (f"kernelperf: CUPTI is not available here (it comes with jax's CUDA plugin, "
+               f"through its Mosaic GPU extension): {framework} is timed by {fallback}, "
+               f"which counts launch gaps; such results say method={fallback!r} and are not "
+               f"compared with CUPTI ones")
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    print(message, file=sys.stderr, flush=True)
 
 
 def spans_devices(args: Any) -> bool:
@@ -414,39 +433,51 @@ def make_sampler(timeable: Timeable, regime: str,
     if regime not in REGIMES:
         raise ValueError(f"regime: expected one of {REGIMES}, got {regime!r}")
     flush_bytes = l2_bytes(device) if regime == "cold" else None
+    call = functools.partial(timeable.fn, *timeable.args)
     if timeable.framework == "jax":
         import jax
 
         from kernels import compat
 
-        session = compat.cupti_session() \
-            if timeable.on_gpu and not spans_devices(timeable.args) else None
-        if session is not None:
-            inner = _jax_cupti_sampler(timeable.fn, timeable.args, flush_bytes, session)
-            return _ClockedSampler(inner, device), "cupti"
-        flush = _jax_flush(flush_bytes) if flush_bytes else None
-        inner = _HostSampler(lambda: jax.block_until_ready(timeable.fn(*timeable.args)), flush)
-        return _ClockedSampler(inner, device), "host-clock"
-    if timeable.framework == "torch" and timeable.on_gpu:
-        choice = os.environ.get(TORCH_TIMER_VARIABLE, "cuda-events")
-        if choice not in ("cuda-events", "cupti"):
-            raise ValueError(f"{TORCH_TIMER_VARIABLE}: expected 'cuda-events' or 'cupti', got "
-                             f"{choice!r}")
-        if choice == "cupti":
-            from kernels import compat
-
+        session = None
+        if timeable.on_gpu and not spans_devices(timeable.args):
             session = compat.cupti_session()
             if session is None:
-                raise RuntimeError(f"{TORCH_TIMER_VARIABLE}=cupti: CUPTI (through jax's Mosaic "
-                                   f"GPU extension) is not available here")
-            inner = _torch_cupti_sampler(timeable.fn, timeable.args, flush_bytes, session)
+                _warn_no_cupti("jax", "host-clock")
+        if session is not None:
+            flush = _jax_flush(flush_bytes, wait=False) if flush_bytes else None
+            inner = _CuptiSampler(call, flush, jax.block_until_ready, session, timeable.label)
             return _ClockedSampler(inner, device), "cupti"
+        flush = _jax_flush(flush_bytes) if flush_bytes else None
+        inner = _HostSampler(lambda: jax.block_until_ready(call()), flush)
+        return _ClockedSampler(inner, device), "host-clock"
+    if timeable.framework == "torch" and timeable.on_gpu:
+        import torch
+
+        from kernels import compat
+
         flush = _torch_flush(flush_bytes) if flush_bytes else None
-        inner = _CudaEventSampler(functools.partial(timeable.fn, *timeable.args), flush)
-        return _ClockedSampler(inner, device), "cuda-events"
+        session = compat.cupti_session() if torch_timer() == "cupti" else None
+        if torch_timer() == "cupti" and session is None:
+            _warn_no_cupti("torch", "cuda-events")
+        if session is not None:
+            inner = _CuptiSampler(call, flush, lambda _: torch.cuda.synchronize(), session,
+                                  timeable.label)
+            return _ClockedSampler(inner, device), "cupti"
+        return _ClockedSampler(_CudaEventSampler(call, flush), device), "cuda-events"
     flush = _numpy_flush(flush_bytes) if flush_bytes else None
-    inner = _HostSampler(functools.partial(timeable.fn, *timeable.args), flush)
-    return _ClockedSampler(inner, device), "host-clock"
+    return _ClockedSampler(_HostSampler(call, flush), device), "host-clock"
+
+
+def comparable(*measurements: Measurement) -> str | None:
+    """None if every measurement was taken by the same method, else why they cannot be
+    compared (a speedup or a roofline across clocks measures the clocks)."""
+    methods = sorted({m.method for m in measurements})
+    if len(methods) <= 1:
+        return None
+    labels = ", ".join(f"{m.label}: {m.method}" for m in measurements)
+    return (f"taken by different clocks ({labels}); time every one by the same method "
+            f"(KERNELPERF_TORCH_TIMER) to compare them")
 
 
 def _torch_flush(nbytes: int) -> Callable[[], Any]:
@@ -456,11 +487,13 @@ def _torch_flush(nbytes: int) -> Callable[[], Any]:
     return buffer.zero_
 
 
-def _jax_flush(nbytes: int) -> Callable[[], Any]:
+def _jax_flush(nbytes: int, wait: bool = True) -> Callable[[], Any]:
     import jax
     import jax.numpy as jnp
 
     write = jax.jit(lambda token: jnp.broadcast_to(token, (nbytes // 4,)))
+    if not wait:
+        return functools.partial(write, jnp.int32(1))
     return lambda: jax.block_until_ready(write(jnp.int32(1)))
 
 
@@ -493,6 +526,60 @@ def time_timeable(timeable: Timeable, *, regime: str = "cold", rule: StoppingRul
     return Measurement.from_samples(samples, clocks=sampler.clocks, throttled=sampler.throttled,
                                     label=timeable.label, method=method, regime=regime,
                                     stop_reason=reason, fingerprint=identity)
+
+
+# Calls issued back to back per launch-overhead sample: enough to amortise the timer, few
+# enough that the launch queue (about a thousand launches) never fills and blocks the host.
+LAUNCH_CALLS = 20
+
+
+class _LaunchSampler:
+    """Host seconds per call to issue `calls` calls back to back without waiting for them.
+
+    The device is idle when each sample starts and is waited for after it, outside the timed
+    span, so the number is what Python, autograd, ctypes and argument checks cost per call
+    (dispatch, not device time), as a pipelined loop pays it.
+    """
+
+    def __init__(self, call: Callable[[], Any], wait: Callable[[Any], Any], calls: int):
+        self.call, self.wait, self.calls = call, wait, calls
+
+    def take(self, n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            last = None
+            start = time.perf_counter()
+            for _ in range(self.calls):
+                last = self.call()
+            out.append((time.perf_counter() - start) / self.calls)
+            self.wait(last)
+        return out
+
+
+def launch_overhead(timeable: Timeable, *, rule: StoppingRule | None = None,
+                    device: fingerprint.Fingerprint | None = None,
+                    calls: int = LAUNCH_CALLS) -> Measurement:
+    """Host launch cost per call of `timeable` (method "host-launch"); never device time."""
+    device = device or fingerprint.fingerprint()
+    rule = rule or default_rule(device)
+    if timeable.framework == "jax":
+        import jax
+
+        wait = jax.block_until_ready
+    elif timeable.on_gpu:
+        import torch
+
+        def wait(_):
+            torch.cuda.synchronize()
+    else:
+        def wait(_):
+            return None
+    sampler = _LaunchSampler(functools.partial(timeable.fn, *timeable.args), wait, calls)
+    sampler.take(WARMUP_CALLS)
+    samples, reason = collect(sampler, rule)
+    return Measurement.from_samples(samples, label=timeable.label, method="host-launch",
+                                    regime="hot", stop_reason=reason,
+                                    fingerprint=device.to_dict())
 
 
 def measure(impl: registry.Implementation, case: registry.Case, direction: str = "fwd",

@@ -1,15 +1,16 @@
 """Time the CUDA kernels beside their torch/cuBLAS peers on this GPU, against the goals.
 
 `python -m kernels.cuda.bench [--ops softmax row_sum matmul]`. Every number
-is a median from `kernels.timing` (CUDA events, L2 flushed before each call,
-samples until the noise settles), work from the operation's own model
-(`Operation.work`), cases from its "gpu" set. Goals (issue 7), all relative to peers measured in the
-same run: softmax and row_sum at >= 0.9x the device-to-device copy bandwidth
-(bytes read + written, 1 GiB copy); the tensor-core GEMMs at >= 0.7x cuBLAS
-(torch.matmul) in its dtype; the SGEMM at >= 0.6x cuBLAS float32 with TF32
-off. `python -m kernels time OP` times the same kernels with roofline
-columns; this command adds the goals and the ratio to the copy. It times only
-torch-callable code (JAX runs on its own stream).
+is a median from `kernels.timing` (CUPTI kernel time, the clock every framework
+is timed by; L2 flushed before each call; samples until the noise settles),
+work from the operation's own model (`Operation.work`), cases from its "gpu"
+set. Goals (issue 7), all relative to peers measured in the same run: softmax
+and row_sum at >= 0.9x the copy bandwidth (bytes read + written by an
+elementwise kernel over 1 GiB; a cudaMemcpy is no kernel to CUPTI); the
+tensor-core GEMMs at >= 0.7x cuBLAS (torch.matmul) in its dtype; the SGEMM at
+>= 0.6x cuBLAS float32 with TF32 off. `python -m kernels time OP` times the
+same kernels with roofline columns; this command adds the goals and the ratio
+to the copy. It times only torch-callable code (JAX runs on its own stream).
 """
 
 from __future__ import annotations
@@ -51,12 +52,12 @@ def _bench(fn: Callable[[], object], label: str = "") -> float:
 
 
 def copy_bandwidth() -> float:
-    """Device-to-device copy, bytes read + written per second."""
+    """A copy done by a kernel (torch's elementwise negation), bytes read + written per second."""
     import torch
 
-    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
+    src = torch.ones(COPY_BYTES // 4, dtype=torch.float32, device="cuda")
     dst = torch.empty_like(src)
-    return 2 * COPY_BYTES / (_bench(lambda: dst.copy_(src), "copy") * 1e-3)
+    return 2 * COPY_BYTES / (_bench(functools.partial(torch.neg, src, out=dst), "copy") * 1e-3)
 
 
 def _inputs(op_name: str, case):

@@ -9,12 +9,15 @@ structured-sparsity rate it is kept beside it as `sparse` and halved for
 bandwidth is 3.35 TB/s (2.0 TB/s is the PCIe board), its dense tf32 rate is
 494.7 TFLOP/s (156 is the A100's), and the L4 moves 300 GB/s (not 3.35 TB/s).
 
-Measured ceilings: a large device-to-device copy (bytes read + written per
-second) and a large matrix product per dtype, timed by `kernels.timing` and
-cached per device model in `$KERNELPERF_CACHE/ceilings/<model>.json`
-(default `~/.cache/kernelperf`). A CPU gets measured ceilings too, so the
-roofline works on any machine; a GPU with no datasheet entry works on
-measured ceilings alone, with a warning.
+Measured ceilings: a large copy done by a kernel (bytes read + written per
+second) and a large matrix product per dtype, each the best of torch and XLA,
+timed by `kernels.timing` with the clock the points are timed by (CUPTI on a
+GPU: a cudaMemcpy is no kernel to it, and ceilings timed by CUDA events read
+low enough that products sat at 114-117% of them), and cached per device model
+in `$KERNELPERF_CACHE/ceilings/<model>.json` (default `~/.cache/kernelperf`),
+with the method; a cache taken by another method is measured again. A CPU
+gets measured ceilings too, so the roofline works on any machine; a GPU with
+no datasheet entry works on measured ceilings alone, with a warning.
 
 dtypes: "f64", "f32" (FP32 FMA, no tensor cores), "tf32", "bf16", "f16",
 "fp8". The compute roof for f32 data is the tf32 tensor-core peak where the
@@ -206,6 +209,7 @@ class Ceiling:
     bandwidth: float  # bytes/s
     flops: dict[str, float]  # dtype -> FLOP/s
     source: str = ""
+    method: str | None = None  # the clock measured ceilings were timed by
 
     def peak(self, dtype: str) -> float:
         """Compute roof for data of `dtype` (f32: the tf32 peak where there is one)."""
@@ -255,8 +259,47 @@ GPU_MATMUL = {"bf16": 8192, "f16": 8192, "tf32": 8192, "f32": 8192}
 CPU_MATMUL = {"f32": 1024}
 
 
+def _copy_kernels(nbytes: int, where: str) -> list[tuple[str, Any, str, tuple]]:
+    """(label, callable, framework, arguments) for copies done by a kernel: torch's
+    elementwise negation and XLA's, each reading and writing `nbytes`."""
+    import torch
+
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=where)
+    dst = torch.empty_like(src)
+    candidates = [("torch neg", functools.partial(torch.neg, src, out=dst), "torch", ())]
+    try:
+        import jax.numpy as jnp
+
+        candidates.append(("xla neg", jnp.negative, "jax",
+                           (jnp.ones(nbytes // 4, jnp.float32),)))
+    except ImportError:
+        pass
+    return candidates
+
+
+def _products(dtype: str, size: int, where: str) -> list[tuple[str, Any, str, tuple]]:
+    """(label, callable, framework, arguments) for a size^3 product in `dtype`: torch's,
+    and XLA's for the 16-bit types (whose precision both take the same way)."""
+    import torch
+
+    torch_dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "tf32": torch.float32,
+                    "f32": torch.float32}
+    a = torch.randn(size, size, device=where).to(torch_dtypes[dtype])
+    b = torch.randn(size, size, device=where).to(torch_dtypes[dtype])
+    candidates = [(f"torch matmul {dtype}", torch.matmul, "torch", (a, b))]
+    if dtype in ("bf16", "f16"):
+        import jax.numpy as jnp
+
+        from kernels import frameworks
+
+        candidates.append((f"xla matmul {dtype}", jnp.matmul, "jax",
+                           tuple(jnp.asarray(frameworks.torch_to_numpy(t)) for t in (a, b))))
+    return candidates
+
+
 def measure(device: fingerprint_module.Fingerprint | None = None) -> Ceiling:
-    """Time a large copy and large products on this device (torch, through kernels.timing)."""
+    """Time a large copy and large products on this device (kernels.timing); the best of
+    torch's and XLA's for each. Every timing must come by one method, or this refuses."""
     import torch
 
     from kernels import timing
@@ -265,32 +308,33 @@ def measure(device: fingerprint_module.Fingerprint | None = None) -> Ceiling:
     gpu = device.platform == "gpu"
     where = "cuda" if gpu else "cpu"
     rule = timing.StoppingRule(min_samples=5, time_budget_s=3.0 if gpu else 1.0)
+
+    def best(candidates, regime: str) -> tuple[float, str, str]:
+        runs = [timing.time_timeable(timing.callable_timeable(label, fn, framework, args),
+                                     regime=regime, rule=rule, device=device)
+                for label, fn, framework, args in candidates]
+        mixed = timing.comparable(*runs)
+        if mixed:
+            raise RuntimeError(f"measured ceilings: {mixed}")
+        fastest = min(runs, key=lambda m: m.median_s)
+        return fastest.median_s, (f"{fastest.label}: {fastest.method}, n={fastest.repeats}, "
+                                  f"{fastest.stop_reason}"), fastest.method
+
     nbytes = GPU_COPY_BYTES if gpu else CPU_COPY_BYTES
-    src = torch.ones(nbytes, dtype=torch.uint8, device=where)
-    dst = torch.empty_like(src)
-    copy = timing.time_timeable(timing.callable_timeable("copy", functools.partial(dst.copy_, src),
-                                                         "torch"),
-                                regime="hot", rule=rule, device=device)
-    src = dst = None  # free the copy's buffers before the products
-    flops, notes = {}, [f"copy {nbytes >> 20} MiB: {copy.method}, n={copy.repeats}"]
-    torch_dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "tf32": torch.float32,
-                    "f32": torch.float32}
+    copy_s, note, method = best(_copy_kernels(nbytes, where), "hot")
+    flops, notes = {}, [f"copy {nbytes >> 20} MiB ({note})"]
     tf32_before = torch.backends.cuda.matmul.allow_tf32
     try:
         for dtype, size in (GPU_MATMUL if gpu else CPU_MATMUL).items():
             torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
-            a = torch.randn(size, size, device=where).to(torch_dtypes[dtype])
-            b = torch.randn(size, size, device=where).to(torch_dtypes[dtype])
-            product = timing.time_timeable(
-                timing.callable_timeable(f"matmul {dtype}", lambda a=a, b=b: a @ b, "torch"),
-                regime="hot", rule=rule, device=device)
-            flops[dtype] = 2.0 * size**3 / product.median_s
-            notes.append(f"matmul {dtype} {size}^3: {product.method}, n={product.repeats}")
-            del a, b
+            # Cold, as the points are: products back to back heat the card and throttle it.
+            product_s, note, _ = best(_products(dtype, size, where), "cold")
+            flops[dtype] = 2.0 * size**3 / product_s
+            notes.append(f"matmul {dtype} {size}^3 ({note})")
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32_before
-    return Ceiling(device=device.name, kind="measured", bandwidth=2.0 * nbytes / copy.median_s,
-                   flops=flops, source="; ".join(notes))
+    return Ceiling(device=device.name, kind="measured", bandwidth=2.0 * nbytes / copy_s,
+                   flops=flops, source="; ".join(notes), method=method)
 
 
 def measured(device: fingerprint_module.Fingerprint | None = None, *,
@@ -299,7 +343,11 @@ def measured(device: fingerprint_module.Fingerprint | None = None, *,
     device = device or fingerprint_module.fingerprint()
     path = cache_path(device.model)
     if path.exists() and not refresh:
-        return Ceiling.from_dict(json.loads(path.read_text())["ceiling"])
+        cached = Ceiling.from_dict(json.loads(path.read_text())["ceiling"])
+        if cached.method == default_method(device):
+            return cached
+        warnings.warn(f"measured ceilings in {path} were timed by {cached.method or 'CUDA events'}"
+                      f", not {default_method(device)}: measuring again", stacklevel=2)
     if not allow_measure:
         return None
     try:
@@ -314,6 +362,13 @@ def measured(device: fingerprint_module.Fingerprint | None = None, *,
                                   indent=1))
     os.replace(partial, path)
     return ceiling
+
+
+def default_method(device: fingerprint_module.Fingerprint) -> str:
+    """The clock points on `device` are timed by, which measured ceilings must share."""
+    from kernels import compat
+
+    return "cupti" if device.platform == "gpu" and compat.cupti_session() else "host-clock"
 
 
 def for_device(device: fingerprint_module.Fingerprint | None = None, *,

@@ -1,0 +1,17 @@
+# Sourced by the device scripts: carried wheels on PYTHONPATH, a clone of the bundle in
+# /tmp/repo (main = the bundle's main), unbuffered output, the card's state logged.
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw \
+    --format=csv | tee "$OUT/gpu.txt"
+if [ ! -d /tmp/repo ]; then
+    git clone -q .whl/repo.bundle /tmp/repo && git -C /tmp/repo checkout -q main
+    git -C /tmp/repo config user.email device@kernelperf
+    git -C /tmp/repo config user.name device
+fi
+stamp() { echo "=== $(date +%T) $*"; }

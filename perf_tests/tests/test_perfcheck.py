@@ -1,0 +1,230 @@
+"""The performance checks' own logic, on made-up measurements: floors, verdicts, clock, refusals.
+
+These run everywhere in a fraction of a second; the GPU items of
+test_performance.py rely on them to fail a slow kernel and nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import pytest
+
+from kernels import fingerprint, perfcheck, registry, timing
+from kernels.roofline import ceilings, floors, model
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def _device(name: str = H100, platform: str = "gpu") -> fingerprint.Fingerprint:
+    return fingerprint.Fingerprint(
+        platform=platform, name=name, model=fingerprint.normalise(name), sm_count=132,
+        memory_bytes=80 << 30, l2_bytes=50 << 20, compute_capability="90", driver="580",
+        cuda="13.0", default_sm_mhz=1980, max_sm_mhz=1980, versions=(("jax", "0.11.2"),))
+
+
+def _measurement(median_s: float, method: str = "cupti", label: str = "m") -> timing.Measurement:
+    samples = [median_s * f for f in (0.999, 1.0, 1.001)]
+    return timing.Measurement.from_samples(samples, label=label, method=method, regime="cold",
+                                           stop_reason="converged", fingerprint={})
+
+
+def _softmax(case_id: str = "f32-32768x4096"):
+    op = registry.operation("softmax")
+    return op, registry.implementation("softmax", "pallas"), op.case(case_id)
+
+
+def _sheet_placement(op, case, seconds: float) -> model.Placement:
+    return model.place(op.work(case, "fwd"), seconds, ceilings.datasheet(H100), case.dtype)
+
+
+def _judge(measured, baselines, placement, floor, device=None, has_floors=True):
+    return perfcheck.judge(label="softmax-pallas-f32-32768x4096-fwd", device=device or _device(),
+                           measured=measured, baselines=baselines, placement=placement,
+                           floor=floor, has_floors=has_floors)
+
+
+# The floor table
+
+
+def test_every_kernel_has_an_h100_floor_on_every_gpu_bench_case():
+    missing = []
+    for op in registry.operations():
+        cases = [c for c in op.cases if {"bench", "gpu"} <= c.tags]
+        for impl in registry.implementations(op.name):
+            if impl.baseline:
+                continue
+            for case in cases:
+                for direction in registry.DIRECTIONS:
+                    if perfcheck.has_direction(impl, direction) and floors.floor_for(
+                            H100, op.name, impl.name, case.id, direction) is None:
+                        missing.append(f"{impl.id}-{case.id}-{direction}")
+    assert not missing, f"kernels with no H100 floor: {missing}"
+
+
+@pytest.mark.parametrize("device_name", sorted(floors.FLOORS))
+def test_floor_tables_name_real_kernels_baselines_and_roofs(device_name):
+    assert ceilings.datasheet(device_name) is not None, \
+        f"{device_name}: floors need the datasheet roofs beside them"
+    for floor in floors.FLOORS[device_name]:
+        impl = registry.implementation(floor.op, floor.impl)
+        assert not impl.baseline, f"{floor}: baselines have no floor"
+        if floor.baseline:
+            assert registry.implementation(floor.op, floor.baseline).baseline, floor
+        assert len(floor.reason) <= 200, f"{floor.op}-{floor.impl}: reason is one line"
+
+
+def test_the_most_specific_floor_wins_and_ties_are_refused(monkeypatch):
+    picked = floors.floor_for(H100, "softmax", "pallas", "f32-256x1024", "bwd")
+    assert (picked.case, picked.direction, picked.against) == ("256x1024", "bwd", "baseline")
+    picked = floors.floor_for(H100, "matmul", "triton", "f32-4096x4096x4096", "fwd")
+    assert picked.case == "f32-"
+    twin = dataclasses.replace(picked, fraction=0.1)
+    monkeypatch.setitem(floors.FLOORS, "Twin GPU", (picked, twin))
+    with pytest.raises(ValueError, match="equally"):
+        floors.floor_for("Twin GPU", "matmul", "triton", "f32-4096x4096x4096", "fwd")
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(against="copy"), "against"), (dict(fraction=0.0), "fraction"),
+    (dict(direction="both"), "direction"), (dict(reason=" "), "reason"),
+    (dict(against="roofline", baseline="xla"), "baseline")])
+def test_floor_rejects_bad_fields(bad, match):
+    fields = dict(op="softmax", impl="pallas", against="baseline", fraction=0.5, reason="why")
+    with pytest.raises(ValueError, match=match):
+        floors.Floor(**{**fields, **bad})
+
+
+# Verdicts
+
+
+def test_roofline_floor_passes_a_fast_kernel_and_fails_a_slow_one_with_every_number():
+    op, _, case = _softmax()
+    floor = floors.floor_for(H100, "softmax", "pallas", case.id, "fwd")
+    baselines = {"xla": _measurement(358e-6), "torch": _measurement(454e-6)}
+    fast = _measurement(355e-6)
+    verdict = _judge(fast, baselines, _sheet_placement(op, case, fast.median_s), floor)
+    assert verdict.status == "pass" and verdict.value > floor.fraction
+    assert verdict.best_baseline == "xla" and verdict.speedup == pytest.approx(358 / 355, 1e-3)
+
+    slow = _measurement(533e-6)  # the 1.5x plant of RESULTS.md (column blocks capped)
+    verdict = _judge(slow, baselines, _sheet_placement(op, case, slow.median_s), floor)
+    assert verdict.status == "fail"
+    assert verdict.value == pytest.approx(2 * case["rows"] * case["cols"] * 4 / 533e-6 / 3.35e12,
+                                          rel=1e-3)
+    for expected in ("under its floor", f"floor {floor.fraction:.2f}", "533.00 us", "cupti",
+                     "baseline xla: 358.00 us", "datasheet", floor.reason):
+        assert expected in verdict.message, (expected, verdict.message)
+
+
+def test_baseline_floor_compares_with_the_best_baseline_of_the_same_clock():
+    op, _, case = _softmax("f32-256x1024")
+    floor = floors.floor_for(H100, "softmax", "pallas", case.id, "fwd")
+    assert floor.against == "baseline"
+    baselines = {"xla": _measurement(2.6e-6), "torch": _measurement(1.0e-6, "cuda-events")}
+    placement = _sheet_placement(op, case, 2.0e-6)
+    assert _judge(_measurement(2.0e-6), baselines, placement, floor).status == "pass"
+    verdict = _judge(_measurement(6.0e-6), baselines, placement, floor)
+    assert verdict.status == "fail" and verdict.value == pytest.approx(2.6 / 6.0, 1e-3)
+    # torch, 1.0 us by CUDA events, is faster but on another clock: listed, never compared.
+    assert verdict.best_baseline == "xla" and verdict.refused_baselines == ("torch (cuda-events)",)
+    assert "not compared (another clock than cupti): torch (cuda-events)" in verdict.message
+
+
+def test_no_baseline_on_the_same_clock_is_refused_not_passed():
+    op, _, case = _softmax("f32-256x1024")
+    floor = floors.floor_for(H100, "softmax", "pallas", case.id, "fwd")
+    verdict = _judge(_measurement(2.0e-6), {"xla": _measurement(2.6e-6, "host-clock")},
+                     _sheet_placement(op, case, 2.0e-6), floor)
+    assert verdict.status == "refused"
+    assert "timed by cupti" in verdict.message and "xla (host-clock)" in verdict.message
+
+
+def test_a_named_baseline_is_the_one_compared():
+    floor = floors.floor_for(H100, "matmul", "cuda_sgemm", "f32-4096x4096x4096", "fwd")
+    assert floor.baseline == "torch"
+    baselines = {"torch": _measurement(2.68e-3), "xla": _measurement(0.4e-3)}
+    verdict = _judge(_measurement(3.26e-3), baselines, None, floor)
+    assert verdict.status == "pass" and verdict.value == pytest.approx(2.68 / 3.26, 1e-3)
+
+
+def test_a_model_without_floors_and_a_cpu_skip_naming_the_device():
+    measured = _measurement(1e-3)
+    h200 = _judge(measured, {}, None, None, device=_device("NVIDIA H200"), has_floors=False)
+    assert h200.status == "skipped" and "'NVIDIA H200'" in h200.message
+    cpu = _judge(measured, {}, None, None, device=_device("AMD EPYC", "cpu"), has_floors=False)
+    assert cpu.status == "skipped" and "CPU (AMD EPYC)" in cpu.message
+    gap = _judge(measured, {}, None, None, has_floors=True)
+    assert gap.status == "skipped" and "add one" in gap.message
+
+
+def test_comparison_with_a_saved_run_is_refused_across_clocks_and_models():
+    device = _device()
+    measured = _measurement(1e-3)
+    same = {"model": device.model}
+    assert perfcheck.compare_refusal({"clock_method": "cupti"}, same, measured, device,
+                                     "0001") is None
+    other_clock = perfcheck.compare_refusal({"clock_method": "cuda-events"}, same, measured,
+                                            device, "0001")
+    assert "timed by cuda-events, this run by cupti" in other_clock
+    other_model = perfcheck.compare_refusal({"clock_method": "cupti"}, {"model": "nvidia-h200"},
+                                            measured, device, "0001")
+    assert "nvidia-h200" in other_model and device.model in other_model
+
+
+# The clock that feeds pytest-benchmark
+
+
+def test_device_clock_advances_by_exactly_each_sample_and_no_further():
+    clock = perfcheck.DeviceClock()
+    samples = [3.5e-4, 1.25e-6, 2.0]
+    clock.load(samples)
+    durations = []
+    for _ in samples:  # what pytest-benchmark's pedantic runner does per round
+        start = clock.read()
+        clock.step()
+        durations.append(clock.read() - start)
+    assert durations == pytest.approx(samples, rel=1e-12)
+    with pytest.raises(RuntimeError, match="no device samples left"):
+        clock.step()
+
+
+def test_storage_is_per_device_model():
+    assert perfcheck.default_storage("nvidia-h100-80gb-hbm3") == \
+        "file://./.benchmarks/nvidia-h100-80gb-hbm3"
+
+
+def test_floors_are_not_judged_while_xdist_workers_share_the_device(monkeypatch):
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "4")
+    assert "4 pytest-xdist workers share the device" in perfcheck.parallel_reason()
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "1")
+    assert perfcheck.parallel_reason() is None
+
+
+def test_a_baseline_that_could_not_be_timed_is_named_and_never_passes_a_floor():
+    op, _, case = _softmax("f32-256x1024")
+    floor = floors.floor_for(H100, "softmax", "pallas", case.id, "fwd")
+    verdict = perfcheck.judge(label="softmax-pallas-f32-256x1024-fwd", device=_device(),
+                              measured=_measurement(2.0e-6), baselines={},
+                              placement=_sheet_placement(op, case, 2.0e-6), floor=floor,
+                              has_floors=True,
+                              baseline_errors={"xla": "RuntimeError: out of memory"})
+    assert verdict.status == "refused"
+    assert "xla (failed)" in verdict.message
+    assert "baseline xla could not be timed: RuntimeError: out of memory" in verdict.message
+
+
+def test_a_gpu_kernel_timed_by_the_host_clock_is_refused_not_judged():
+    op, _, case = _softmax()
+    floor = floors.floor_for(H100, "softmax", "pallas", case.id, "fwd")
+    host = _measurement(355e-6, "host-clock")
+    verdict = _judge(host, {"xla": _measurement(358e-6, "host-clock")},
+                     _sheet_placement(op, case, host.median_s), floor)
+    assert verdict.status == "refused" and "host clock on a GPU" in verdict.message
+
+
+def test_asv_does_not_import_the_pytest_side():
+    # asv's discovery imports every module of the perf_tests package (benchmark_dir).
+    here = pathlib.Path(__file__).parent
+    assert (here.parent / "__init__.py").exists() and not (here / "__init__.py").exists()
