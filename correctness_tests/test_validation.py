@@ -24,6 +24,7 @@ def test_check_array_needs_shape_and_dtype():
 
 def test_check_array_rank_edges():
     validation.check_array("x", np.ones((2, 3)))  # no rank asked: anything goes
+    validation.check_array("x", np.float32(1.0))  # a scalar too
     validation.check_array("x", np.ones((2, 3)), rank=2)
     validation.check_array("x", np.ones((2, 3)), min_rank=2)  # exactly the minimum
     with pytest.raises(ValueError, match=r"^x: expected rank >= 3, got shape \(2, 3\) "

@@ -304,3 +304,9 @@ def test_moe_capacity_known_values(args, slots):
     from kernels.ops.moe import spec as moe
 
     assert moe.capacity(*args) == slots
+
+
+def test_attention_without_a_causal_parameter_counts_every_pair():
+    case = registry.make_case("attention", "f32", {"batch": 1, "seq": 8, "heads": 1,
+                                                   "head_dim": 4})
+    assert registry.operation("attention").work(case, "fwd").flops == 4.0 * 8 * 8 * 4

@@ -96,6 +96,12 @@ TARGETS = (
 # Mutants no test can kill because the program means the same with or without the change:
 # "module.function__mutmut_N": why. Reviewed by hand; keep the reason to one line.
 EQUIVALENT: dict[str, str] = {
+    "kernels.ops.attention.spec.x_attended_pairs__mutmut_3":
+        "/ for //: seq (seq + 1) is even, so the halves are equal",
+    "kernels.ops.attention.spec.x_work__mutmut_21":
+        "get('causal', None): None is falsy, as False is",
+    "kernels.ops.attention.spec.x_work__mutmut_23":
+        "get('causal'): None when absent, falsy as False is",
     "kernels.validation.x_check_index_range__mutmut_33":
         "zip's strict: shape and strides always have one length",
     "kernels.validation.x_check_index_range__mutmut_36":
@@ -179,7 +185,7 @@ def _prepare(target: Target) -> pathlib.Path:
     """A scratch copy of the tree with a pyproject.toml that tells mutmut what to do."""
     work = SCRATCH / target.name
     work.mkdir(parents=True, exist_ok=True)
-    for name in ("kernels", "correctness_tests"):
+    for name in ("kernels", "correctness_tests", "perf_tests"):
         if (work / name).exists():
             shutil.rmtree(work / name)
         shutil.copytree(ROOT / name, work / name,
@@ -192,7 +198,7 @@ def _prepare(target: Target) -> pathlib.Path:
     settings = {
         "source_paths": ["kernels"],
         "only_mutate": list(target.modules),
-        "also_copy": ["correctness_tests", "conftest.py", "asv.conf.json"],
+        "also_copy": ["correctness_tests", "perf_tests", "conftest.py", "asv.conf.json"],
         # One worker: the machine is shared, and each test process imports JAX.
         "pytest_add_cli_args": ["-p", "no:cacheprovider", "-p", "no:xdist", "-q"],
         "pytest_add_cli_args_test_selection": _existing(target.tests),
