@@ -108,3 +108,19 @@ def test_exit_status_by_worst_verdict():
     assert asv_tools.exit_status([row("same"), row("faster"), row("too noisy to tell")]) == 0
     assert asv_tools.exit_status([row("same"), row("slower")]) == 1
     assert asv_tools.exit_status([row("slower"), row("FAILED on head")]) == 2
+
+
+def test_time_verdict_uses_the_samples_where_both_sides_have_them():
+    """Samples that differ clearly (Mann-Whitney) beside 99% intervals that overlap: with the
+    samples the change is confirmed; an empty sample list on one side leaves only the
+    intervals, which cannot confirm it."""
+    wide = {"ci_99_a": 0.5, "ci_99_b": 2.0, "q_25": 1.0, "q_75": 1.0, "repeat": 20,
+            "number": 1}
+    base = asv_tools.Result(1.0, [1.0 + 1e-3 * i for i in range(20)], wide)
+    head = asv_tools.Result(1.5, [1.5 + 1e-3 * i for i in range(20)], wide)
+    assert asv_tools.verdict(TIME, base, head)[1] == "slower"
+    assert asv_tools.verdict(TIME, head, base)[1] == "faster"
+    no_samples = asv_tools.Result(1.0, [], wide)
+    assert asv_tools.verdict(TIME, no_samples, head)[1] == "too noisy to tell"
+    assert asv_tools.verdict(TIME, base, asv_tools.Result(1.5, [], wide))[1] == \
+        "too noisy to tell"
