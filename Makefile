@@ -9,6 +9,7 @@ PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 BASE ?= main
 
 .PHONY: install test lint pytest readme-check test-gpu cuda list bench bench-compare noise-floor dashboard clean \
+	mutation gpu-sweep \
 	dashboard-deps dashboard-screenshot \
 	roofline plot-roofline verify-timing ceilings
 .PHONY: xprof-serve xprof-list download-traces xprof-tunnel
@@ -59,6 +60,17 @@ pytest: install
 # (correctness_tests/test_readme.py); prints each command's time and outcome.
 readme-check: install
 	KERNELPERF_README_CHECK=1 $(BIN)/python -m pytest -m readme -p no:xdist -p no:cacheprovider -s -q
+
+# Mutation testing of the harness (kernels/mutation.py): each target's mutants against its fast
+# tests, score per target; survivors without a reason listed make it exit 1. Not part of
+# `make test`: on two cores a target takes minutes. TARGETS="checking timing" narrows it.
+mutation: install
+	nice $(BIN)/python -m kernels.mutation $(TARGETS)
+
+# On a GPU: bad inputs into the Triton and CUDA kernels, and compute-sanitizer with a cold and a
+# warm JAX compilation cache (kernels/gpu_sweep.py); logs in $(OUT) or gpu_sweep_out/.
+gpu-sweep:
+	$(PYTHON) -m kernels.gpu_sweep $(if $(OUT),--out $(OUT))
 
 # On a GPU machine whose python3 already has jax[cuda], torch and triton: as many xdist
 # workers as the GPU's memory holds (README, "GPU test runs").

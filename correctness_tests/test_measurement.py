@@ -422,13 +422,13 @@ def test_launch_overhead_is_host_time_per_issued_call():
 def test_cases_are_built_from_dims_and_attention_flags():
     import argparse
 
-    from kernels import measure_cli
+    from kernels import measure_cli, validation
 
     op = registry.operation("softmax")
     cases = measure_cli.cases_from_dims(op, {"rows": [8], "cols": [16, 32]}, ["f32", "bf16"])
     assert [c.id for c in cases] == ["f32-8x16", "f32-8x32", "bf16-8x16", "bf16-8x32"]
-    with pytest.raises(SystemExit, match=r"missing \['cols'\]"):
+    with pytest.raises(validation.UserError, match=r"missing \['cols'\]"):
         measure_cli.cases_from_dims(op, {"rows": [8]}, ["f32"])
     flags = argparse.Namespace(batch=[4], heads=None, head_dim=None, seq_lengths=None)
-    with pytest.raises(SystemExit, match="--batch: softmax has no such dimension"):
+    with pytest.raises(validation.UserError, match="--batch: softmax has no such dimension"):
         measure_cli._attention_dims(op, flags)

@@ -4,9 +4,27 @@ bench, compare, profile, memory, hlo, tune, ...; `--help` lists them all)."""
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 
-from kernels import environment
+from kernels import environment, validation
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage mistake reported as one line (argparse prints the usage first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (--help for usage)\n")
+
+
+def revision(text: str) -> str:
+    """argparse type: a git revision that names a commit here."""
+    done = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{text}^{{commit}}"],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise argparse.ArgumentTypeError(f"expected a git revision of this repository (a branch, "
+                                         f"tag or commit), got {text!r}")
+    return text
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
@@ -56,13 +74,25 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def margin(results) -> float:
+    """How far below its tolerance the worst comparison stayed: tolerance / error, over the
+    output and every gradient and over both error measures (inf where nothing differed)."""
+    worst = min((c.tolerance / max(c.relative_error, c.max_error)
+                 if max(c.relative_error, c.max_error) > 0 else float("inf")) for c in results)
+    return worst
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """Correctness table with error norms: the same harness the tests use."""
     from kernels import checking, devices, registry
 
+    ops = [registry.operation(args.op)] if args.op else registry.operations()
+    for op in ops:
+        for name in args.impl or ():
+            registry.implementation(op.name, name)
+    registry.check_tags(args.tags, ops)
     machine = devices.this_machine()
     print(f"machine: {machine.describe()}", flush=True)
-    ops = [registry.operation(args.op)] if args.op else registry.operations()
     rows, failed = [], 0
     for op in ops:
         impls = [registry.implementation(op.name, n) for n in args.impl] if args.impl \
@@ -71,7 +101,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             for case in registry.select_cases(op, args.tags):
                 reason = devices.case_unavailable_reason(impl, case, machine)
                 if reason:
-                    rows.append([impl.id, case.id, "-", "-", "-", f"skipped: {reason}"])
+                    rows.append([impl.id, case.id, "-", "-", "-", "-", f"skipped: {reason}"])
                     continue
                 for distribution in op.distributions:
                     try:
@@ -79,15 +109,17 @@ def cmd_check(args: argparse.Namespace) -> int:
                                                  distribution=distribution)
                     except checking.CheckFailure as error:
                         failed += 1
-                        rows.append([impl.id, case.id, distribution, "-", "-", f"FAIL {error}"])
+                        rows.append([impl.id, case.id, distribution, "-", "-", "-",
+                                 f"FAIL {error}"])
                         continue
                     out, grads = results[0], results[1:]
                     grad = max((g.relative_error for g in grads), default=float("nan"))
                     rows.append([impl.id, case.id, distribution, f"{out.relative_error:.1e}",
-                                 f"{grad:.1e}", f"ok (tol {out.tolerance:.1e})"])
+                                 f"{grad:.1e}", f"{margin(results):.3g}x",
+                                 f"ok (tol {out.tolerance:.1e})"])
                 print(f"  checked {impl.id} {case.id}", file=sys.stderr, flush=True)
     print(table(rows, ["implementation", "case", "inputs", "rel err out", "rel err grad",
-                        "result"]))
+                        "margin", "result"]))
     return 1 if failed else 0
 
 
@@ -122,7 +154,7 @@ def cmd_noise_floor(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     environment.configure()
-    parser = argparse.ArgumentParser(prog="python -m kernels", description=__doc__)
+    parser = Parser(prog="python -m kernels", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="operations, implementations, and whether each runs here")
     check = sub.add_parser("check", help="compare implementations with the reference")
@@ -130,27 +162,28 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--impl", action="append", help="implementation name (repeatable)")
     check.add_argument("--tags", nargs="+", default=["cpu", "gpu"],
                        help="case sets to run (default: cpu gpu)")
-    check.add_argument("--seed", type=int, default=0)
+    check.add_argument("--seed", type=validation.nonnegative_int, default=0)
     for name, help_text in (("bench", "run asv on HEAD (and --base), then compare"),
                             ("compare", "compare two commits' asv results, verdict per row")):
         sub_parser = sub.add_parser(name, help=help_text)
         if name == "bench":
-            sub_parser.add_argument("--base", help="revision to compare against (e.g. main)")
-            sub_parser.add_argument("--head", default="HEAD")
+            sub_parser.add_argument("--base", type=revision,
+                                    help="revision to compare against (e.g. main)")
+            sub_parser.add_argument("--head", type=revision, default="HEAD")
             sub_parser.add_argument("--bench", help="asv benchmark regex (e.g. Softmax)")
         else:
-            sub_parser.add_argument("base")
-            sub_parser.add_argument("head", nargs="?", default="HEAD")
+            sub_parser.add_argument("base", type=revision)
+            sub_parser.add_argument("head", type=revision, nargs="?", default="HEAD")
             sub_parser.add_argument("--machine", help="asv machine (default: this device model)")
-        sub_parser.add_argument("--min-gap", type=float, default=0.05,
+        sub_parser.add_argument("--min-gap", type=validation.nonnegative_float, default=0.05,
                                 help="relative change below which rows count as same")
         sub_parser.add_argument("--summary-md", metavar="PATH", help="also append the verdict "
                                 "table as Markdown to PATH (e.g. $GITHUB_STEP_SUMMARY)")
     floor = sub.add_parser("noise-floor", help="run asv repeatedly on one commit; store each "
                            "benchmark's run-to-run shift, which compare then requires a change "
                            "to exceed")
-    floor.add_argument("--revision", default="HEAD")
-    floor.add_argument("--runs", type=int, default=3)
+    floor.add_argument("--revision", type=revision, default="HEAD")
+    floor.add_argument("--runs", type=validation.positive_int, default=3)
     floor.add_argument("--bench", help="asv benchmark regex (e.g. Softmax.time_device)")
     from kernels import gate, measure_cli, profiling_cli, tuning
 
@@ -159,4 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     commands = {"list": cmd_list, "check": cmd_check, "bench": cmd_bench, "compare": cmd_compare,
                 "noise-floor": cmd_noise_floor, **extra_commands}
-    return commands[args.command](args)
+    try:
+        return commands[args.command](args)
+    except validation.UserError as error:
+        # A user's mistake, not a bug: one line, no traceback.
+        print(f"{parser.prog} {args.command}: error: {error}", file=sys.stderr)
+        return 2

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels import dtypes
+from kernels import dtypes, validation
 
 _POISON = contextvars.ContextVar("kernelperf_poison_outputs", default=False)
 
@@ -52,6 +52,8 @@ class JaxFramework:
     def from_numpy(self, arrays: Sequence[np.ndarray]) -> tuple[Any, ...]:
         import jax.numpy as jnp
 
+        for index, array in enumerate(arrays):
+            validation.check_x64_for(f"inputs[{index}]", array)
         return tuple(jnp.asarray(a) for a in arrays)
 
     def to_numpy(self, value: Any) -> np.ndarray:

@@ -21,6 +21,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from kernels import dtypes, validation
+
 # Attention-style flags and the dimension names they set (the first name an operation has).
 ATTENTION_FLAGS = {
     "batch": ("batch", "b"),
@@ -31,10 +33,15 @@ ATTENTION_FLAGS = {
 
 
 def _int_list(text: str) -> list[int]:
+    """Comma-separated sizes, each an integer >= 1."""
     try:
-        return [int(v) for v in text.split(",") if v]
+        values = [int(v) for v in text.split(",") if v]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers >= 1, got {text!r}")
+    return values
 
 
 def _dims(text: str) -> tuple[str, list[int]]:
@@ -57,8 +64,8 @@ def cases_from_dims(op, dims: dict[str, list[int]], dtypes: list[str]) -> list:
     unknown = sorted(set(dims) - set(names))
     missing = [name for name in names if name not in dims]
     if unknown or missing:
-        raise SystemExit(f"--dims: {op.name} has dimensions {names}; got unknown {unknown}, "
-                         f"missing {missing}")
+        raise validation.UserError(f"--dims: {op.name} has dimensions {names}; got unknown "
+                                   f"{unknown}, missing {missing}")
     cases = []
     for dtype in dtypes:
         for values in itertools.product(*(dims[name] for name in names)):
@@ -81,8 +88,8 @@ def _attention_dims(op, args) -> dict[str, list[int]]:
         matched = [n for n in names if n in aliases] if flag != "seq_lengths" else \
             [n for n in names if n.startswith("seq") or n == "s"]
         if not matched:
-            raise SystemExit(f"--{flag.replace('_', '-')}: {op.name} has no such dimension; its "
-                             f"dimensions are {names}")
+            raise validation.UserError(f"--{flag.replace('_', '-')}: {op.name} has no such "
+                                       f"dimension; its dimensions are {names}")
         for name in matched:
             dims[name] = list(values)
     return dims
@@ -119,6 +126,15 @@ def select(args) -> tuple[Any, list, list]:
     op = registry.operation(args.op)
     impls = [registry.implementation(op.name, n) for n in args.impl] if args.impl \
         else registry.implementations(op.name)
+    declared = sorted({c.dtype for c in op.cases})
+    refused = [d for d in args.dtype or () if d not in declared]
+    if refused:
+        # No implementation of this operation is declared (or checked) in that dtype; JAX
+        # would also narrow float64 to float32 and report the result as f64.
+        raise validation.UserError(f"--dtype: {op.name} is declared in {declared}, got "
+                                   f"{refused}")
+    if args.tags:
+        registry.check_tags(args.tags, [op])
     on_gpu = devices.this_machine().has_gpu
     dims = dict(args.dims or [])
     dims.update(_attention_dims(op, args))
@@ -142,8 +158,9 @@ def select(args) -> tuple[Any, list, list]:
     if args.case:
         cases = [c for c in cases if any(pattern in c.id for pattern in args.case)]
     if not cases:
-        raise SystemExit(f"no {op.name} cases match (tags {args.tags}, dtype {args.dtype}, "
-                         f"case {args.case})")
+        raise validation.UserError(f"no {op.name} cases match (tags {args.tags}, dtype "
+                                   f"{args.dtype}, case {args.case}); cases are "
+                                   f"{[c.id for c in op.cases]}")
     return op, impls, cases
 
 
@@ -309,6 +326,36 @@ def cmd_roofline(args: argparse.Namespace) -> int:
     return 0
 
 
+def roofline_data_file(text: str) -> str:
+    """argparse type: a roofline data file as `python -m kernels roofline` writes it."""
+    import json
+
+    path = pathlib.Path(text)
+    if not path.is_file():
+        what = "is a directory" if path.is_dir() else "does not exist"
+        raise argparse.ArgumentTypeError(f"expected a roofline data file (JSON), got {text!r}, "
+                                         f"which {what}")
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise argparse.ArgumentTypeError(f"expected a roofline data file (JSON), got {text!r}, "
+                                         f"which is not JSON ({error})") from None
+    needed = ("model", "timestamp", "ceilings", "points")
+    missing = [key for key in needed if not isinstance(data, dict) or key not in data]
+    if missing:
+        raise argparse.ArgumentTypeError(f"expected a roofline data file with keys {list(needed)}, "
+                                         f"got {text!r}, which lacks {missing}")
+    return text
+
+
+def output_directory(text: str) -> str:
+    """argparse type: a directory to write into; it may not exist yet, but may not be a file."""
+    if pathlib.Path(text).exists() and not pathlib.Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"expected a directory (existing or new), got {text!r}, "
+                                         f"which is a file")
+    return text
+
+
 def cmd_plot_roofline(args: argparse.Namespace) -> int:
     from kernels.roofline import report
 
@@ -447,7 +494,8 @@ def _selection_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--case", action="extend", nargs="+",
                         help="keep cases whose id contains one of these")
     parser.add_argument("--tags", nargs="+", help="case sets (default: gpu on a GPU, else cpu)")
-    parser.add_argument("--dtype", nargs="+", help="keep these dtypes (f32 bf16 f16)")
+    parser.add_argument("--dtype", nargs="+", choices=sorted(dtypes.NAMES),
+                        help="keep these dtypes (f32 bf16 f16)")
     parser.add_argument("--dims", nargs="+", type=_dims, metavar="NAME=V1,V2",
                         help="build cases over these dimensions instead of the declared ones")
     parser.add_argument("--batch", type=_int_list, help="attention: batch sizes")
@@ -460,7 +508,8 @@ def _selection_arguments(parser: argparse.ArgumentParser) -> None:
                         help="without a GPU, run --dims / attention sizes larger than the "
                              "operation's CPU cases anyway")
     parser.add_argument("--regime", choices=("cold", "hot"), default="cold")
-    parser.add_argument("--budget", type=float, help="wall-time budget per timing (s)")
+    parser.add_argument("--budget", type=validation.positive_float,
+                        help="wall-time budget per timing (s)")
     parser.add_argument("--mixed-clocks", dest="mixed_clocks", action="store_true",
                         help="compare results timed by different methods (labelled as such)")
 
@@ -473,10 +522,12 @@ def add_commands(sub) -> dict[str, Callable[[argparse.Namespace], int]]:
     roof = sub.add_parser("roofline", help="time and place on the roofline; JSON + PNG in traces/")
     _selection_arguments(roof)
     roof.add_argument("--direction", nargs="+", choices=("fwd", "bwd"), default=["fwd", "bwd"])
-    roof.add_argument("--out", default="traces", help="directory for the JSON and charts")
+    roof.add_argument("--out", default="traces", type=output_directory,
+                      help="directory for the JSON and charts")
     plot = sub.add_parser("plot-roofline", help="redraw roofline charts from a data JSON")
-    plot.add_argument("json")
-    plot.add_argument("--out", help="directory for the charts (default: beside the JSON)")
+    plot.add_argument("json", type=roofline_data_file)
+    plot.add_argument("--out", type=output_directory,
+                      help="directory for the charts (default: beside the JSON)")
     ceil = sub.add_parser("ceilings", help="datasheet vs measured ceilings of this device")
     ceil.add_argument("--refresh", action="store_true", help="measure again, ignoring the cache")
     verify = sub.add_parser("verify-timing", help="timer vs profiler trace; CV over repeats")

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels import dtypes
+from kernels import dtypes, validation
 from kernels.hlo import HloExpectation
 
 DIRECTIONS = ("fwd", "bwd")
@@ -155,7 +155,8 @@ class Operation:
         for case in self.cases:
             if case.id == case_id:
                 return case
-        raise ValueError(f"case: expected one of {[c.id for c in self.cases]}, got {case_id!r}")
+        raise validation.UnknownName(
+            f"case: expected one of {[c.id for c in self.cases]}, got {case_id!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,7 +288,8 @@ def operation(name: str) -> Operation:
     try:
         return _OPERATIONS[name]
     except KeyError:
-        raise KeyError(f"unknown operation {name!r}; known: {sorted(_OPERATIONS)}") from None
+        raise validation.UnknownName(
+            f"unknown operation {name!r}; known: {sorted(_OPERATIONS)}") from None
 
 
 def implementations(op: str | None = None) -> list[Implementation]:
@@ -301,7 +303,8 @@ def implementation(op: str, name: str) -> Implementation:
         return _IMPLEMENTATIONS[(op, name)]
     except KeyError:
         known = sorted(n for o, n in _IMPLEMENTATIONS if o == op)
-        raise KeyError(f"unknown implementation {name!r} of {op!r}; known: {known}") from None
+        raise validation.UnknownName(
+            f"unknown implementation {name!r} of {op!r}; known: {known}") from None
 
 
 def import_failures() -> dict[str, str]:
@@ -312,3 +315,12 @@ def import_failures() -> dict[str, str]:
 def select_cases(op: Operation, tags: Sequence[str]) -> list[Case]:
     """Cases carrying any of `tags`, in declaration order."""
     return [case for case in op.cases if case.tags & set(tags)]
+
+
+def check_tags(tags: Sequence[str], ops: Sequence[Operation]) -> None:
+    """UnknownName unless every tag is carried by some case of `ops` (a misspelt tag would
+    otherwise select nothing and report an empty, successful run)."""
+    known = set().union(*(case.tags for op in ops for case in op.cases))
+    missing = sorted(set(tags) - known)
+    if missing:
+        raise validation.UnknownName(f"tags: expected some of {sorted(known)}, got {missing}")

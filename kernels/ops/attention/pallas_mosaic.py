@@ -637,6 +637,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False,
     spec.validate(q, k, v, causal)
     if str(q.dtype) not in ("bfloat16", "float16"):
         raise TypeError(f"q: expected dtype bfloat16 or float16 (wgmma operands), got {q.dtype}")
+    validation.check_config(config, MosaicAttentionConfig)
+    validation.check_flag("interpret", interpret)
     if not interpret and not compat.on_gpu():
         raise RuntimeError(NO_INTERPRETER)
     config = config or default_config()

@@ -286,6 +286,10 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False,
       An array of q's shape and dtype.
     """
     spec.validate(q, k, v, causal)
+    validation.check_config(config, AttentionConfig)
+    validation.check_flag("interpret", interpret)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        validation.check_index_range(name, x)
     if interpret is None:
         interpret = compat.pallas_interpret()
     config = config or default_config(q.shape[-1], interpret, q.dtype)

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import compat, frameworks, registry
+from kernels import compat, frameworks, registry, validation
 from kernels.ops.attention import spec
 
 compat.patch_triton_interpreter()
@@ -416,9 +416,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
       (batch, seq, heads, head_dim) tensor of q's dtype.
     """
     spec.validate(q, k, v, causal)
-    for name, x in (("k", k), ("v", v)):
-        if x.device != q.device:
-            raise ValueError(f"{name}: expected device {q.device} like q, got {x.device}")
+    device = frameworks.TorchFramework.device()
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        validation.check_torch_tensor(name, x, device, like=q)
+    validation.check_config(config, AttentionConfig)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        validation.check_index_range(name, x)
     q, k, v = (x.contiguous() for x in (q, k, v))
     config = config or default_config(q.dtype, q.shape[-1], q.device)
     return FlashAttention.apply(q, k, v, bool(causal), config)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from kernels import dtypes, frameworks, registry
+from kernels import dtypes, frameworks, registry, validation
 from kernels.cuda import runtime
 from kernels.ops.matmul import spec
 
@@ -80,6 +80,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, config: WgmmaConfig | None = Non
       A new (m, n) tensor of a's dtype.
     """
     spec.validate(a, b)
+    validation.check_config(config, WgmmaConfig)
     if dtypes.short_name(a.dtype) not in DTYPES:
         raise TypeError(f"a: cuda_wgmma expects bfloat16 or float16 (cuda_sgemm takes float32), "
                         f"got {dtypes.name_of(a.dtype)}")
@@ -89,6 +90,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, config: WgmmaConfig | None = Non
                          f"row strides), got k={k}, n={n}; cuda_mma takes any shape")
     runtime.check_tensor("a", a)
     runtime.check_tensor("b", b, like=a)
+    if a.shape[0] == 0 or b.shape[1] == 0:  # an empty product: launch no grid of zero blocks
+        return torch.zeros((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
     if max(m, n, k) > runtime.INT32_MAX:
         raise ValueError(f"a, b: expected dimensions below 2**31, got m={m}, n={n}, k={k}")
     for name, x in (("a", a), ("b", b)):

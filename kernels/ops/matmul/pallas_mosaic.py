@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels import compat, registry, tuning
+from kernels import compat, registry, tuning, validation
 from kernels.ops.matmul import spec
 
 IMPL = "pallas_mosaic"
@@ -266,6 +266,12 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MosaicMatmulConfig | None = No
     spec.validate(a, b)
     if str(a.dtype) not in ("bfloat16", "float16"):
         raise TypeError(f"a: expected dtype bfloat16 or float16 (wgmma operands), got {a.dtype}")
+    validation.check_config(config, MosaicMatmulConfig)
+    validation.check_flag("interpret", interpret)
+    validation.check_index_range("a", a)
+    validation.check_index_range("b", b)
+    if a.shape[0] == 0 or b.shape[1] == 0:  # an empty product: no program to launch
+        return jnp.zeros((a.shape[0], b.shape[1]), a.dtype)
     if interpret is None:
         interpret = compat.pallas_interpret()
     return _matmul_jit(a, b, config, interpret)

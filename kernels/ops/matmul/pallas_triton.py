@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels import compat, registry, tuning
+from kernels import compat, registry, tuning, validation
 from kernels.ops.matmul import spec
 
 plt = compat.pallas_triton()
@@ -152,6 +152,12 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MatmulConfig | None = None,
       (m, n) array in the inputs' dtype, accumulated in float32.
     """
     spec.validate(a, b)
+    validation.check_config(config, MatmulConfig)
+    validation.check_flag("interpret", interpret)
+    validation.check_index_range("a", a)
+    validation.check_index_range("b", b)
+    if a.shape[0] == 0 or b.shape[1] == 0:  # an empty product: no program to launch
+        return jnp.zeros((a.shape[0], b.shape[1]), a.dtype)
     if interpret is None:
         interpret = compat.pallas_interpret()
     return _matmul_jit(a, b, config, interpret)

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import compat, frameworks, registry
+from kernels import compat, frameworks, registry, validation
 from kernels.ops.matmul import spec
 
 compat.patch_triton_interpreter()
@@ -161,8 +161,14 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
       (m, n) tensor of a's dtype (accumulated in float32).
     """
     spec.validate(a, b)
-    if b.device != a.device:
-        raise ValueError(f"b: expected device {a.device} like a, got {b.device}")
+    device = frameworks.TorchFramework.device()
+    validation.check_torch_tensor("a", a, device)
+    validation.check_torch_tensor("b", b, device, like=a)
+    validation.check_index_range("a", a)
+    validation.check_index_range("b", b)
+    if a.shape[0] == 0 or b.shape[1] == 0:  # an empty product: no program to launch
+        return torch.zeros((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device,
+                           requires_grad=a.requires_grad or b.requires_grad)
     return Matmul.apply(a, b)
 
 

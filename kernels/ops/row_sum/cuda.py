@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from kernels import frameworks, registry
+from kernels import frameworks, registry, validation
 from kernels.cuda import runtime
 from kernels.ops.row_sum import spec
 
@@ -99,6 +99,7 @@ def row_sum(x: torch.Tensor, *, config: RowSumConfig | None = None) -> torch.Ten
       A new tensor of shape x.shape[:-1] and x's dtype.
     """
     spec.validate(x)
+    validation.check_config(config, RowSumConfig)
     runtime.check_tensor("x", x)
     cols = x.shape[-1]
     rows = x.numel() // cols

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from kernels import frameworks, registry
+from kernels import frameworks, registry, validation
 from kernels.cuda import runtime
 from kernels.ops.softmax import spec
 
@@ -114,6 +114,7 @@ def softmax(x: torch.Tensor, *, config: SoftmaxConfig | None = None) -> torch.Te
       A new tensor of x's shape and dtype.
     """
     spec.validate(x)
+    validation.check_config(config, SoftmaxConfig)
     runtime.check_tensor("x", x)
     cols = x.shape[-1]
     rows = x.numel() // cols

@@ -213,6 +213,11 @@ def softmax(x: jax.Array, *, config: SoftmaxConfig | None = None,
       An array of x's shape and dtype.
     """
     spec.validate(x)
+    validation.check_config(config, SoftmaxConfig)
+    validation.check_flag("interpret", interpret)
+    validation.check_index_range("x", x)
+    if x.size == 0:  # no rows: nothing to launch (the grid would divide by zero)
+        return jnp.zeros_like(x)
     if interpret is None:
         interpret = compat.pallas_interpret()
     return _softmax(x, config, interpret)

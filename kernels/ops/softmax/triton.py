@@ -169,6 +169,9 @@ def softmax(x: torch.Tensor, *, config: SoftmaxConfig | None = None) -> torch.Te
       A new tensor of x's shape and dtype.
     """
     spec.validate(x)
+    validation.check_torch_tensor("x", x, frameworks.TorchFramework.device())
+    validation.check_config(config, SoftmaxConfig)
+    validation.check_index_range("x", x)
     config = config or default_config(x.shape[-1], x.device)
     if x.numel() == 0:
         return x.clone()

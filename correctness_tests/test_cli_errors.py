@@ -1,0 +1,133 @@
+"""The command line meets user mistakes with one line naming what exists, and a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from kernels import cli, validation
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _run(capsys, *argv: str) -> tuple[int, str]:
+    """Exit status and stderr of `python -m kernels ARGV`, run in this process."""
+    try:
+        status = cli.main(list(argv))
+    except SystemExit as exit_:  # argparse's own exit
+        status = exit_.code
+    err = capsys.readouterr().err
+    return status, err
+
+
+def _files(tmp_path: pathlib.Path) -> dict[str, str]:
+    (tmp_path / "bad.json").write_text('{"model": ')
+    (tmp_path / "nokeys.json").write_text(json.dumps({"model": "x"}))
+    (tmp_path / "a-file").write_text("")
+    return {name: str(tmp_path / name) for name in ("bad.json", "nokeys.json", "a-file",
+                                                     "missing.json")}
+
+
+# (argv, words the one line must contain). `{name}` is a file made by _files.
+MISTAKES = [
+    (["check", "nosuchop"], ["unknown operation 'nosuchop'", "softmax"]),
+    (["check", "softmax", "--impl", "nosuch"], ["unknown implementation 'nosuch'", "pallas"]),
+    (["check", "softmax", "--tags", "nosuchtag"], ["tags", "'cpu'", "nosuchtag"]),
+    (["check", "softmax", "--seed", "-1"], ["--seed", ">= 0", "'-1'"]),
+    (["time", "nosuchop"], ["unknown operation 'nosuchop'"]),
+    (["time", "softmax", "--impl", "pallas", "--dims", "rows=4", "cols=8", "--dtype", "f64"],
+     ["--dtype", "'f32'", "f64"]),
+    (["time", "softmax", "--dtype", "fp32"], ["--dtype", "'fp32'", "f32"]),
+    (["time", "softmax", "--dims", "rows=0", "cols=8"], ["--dims", ">= 1", "'0'"]),
+    (["time", "softmax", "--dims", "rows=-3", "cols=8"], ["--dims", ">= 1", "'-3'"]),
+    (["time", "softmax", "--dims", "rows=4", "depth=8"], ["--dims", "['rows', 'cols']",
+                                                         "depth"]),
+    (["time", "softmax", "--budget", "nan"], ["--budget", "> 0", "'nan'"]),
+    (["time", "softmax", "--budget", "0"], ["--budget", "> 0", "'0'"]),
+    (["time", "softmax", "--budget", "-1"], ["--budget", "> 0", "'-1'"]),
+    (["time", "softmax", "--budget", "inf"], ["--budget", "finite", "'inf'"]),
+    (["time", "softmax", "--case", "nosuchcase"], ["nosuchcase", "f32-37x128"]),
+    (["time", "softmax", "--tags", "nosuchtag"], ["tags", "nosuchtag"]),
+    (["roofline", "softmax", "--out", "{a-file}"], ["--out", "directory", "a-file"]),
+    (["plot-roofline", "{missing.json}"], ["json", "does not exist"]),
+    (["plot-roofline", "{bad.json}"], ["json", "not JSON"]),
+    (["plot-roofline", "{nokeys.json}"], ["json", "lacks", "'points'"]),
+    (["compare", "nosuchrev"], ["base", "git revision", "'nosuchrev'"]),
+    (["bench", "--base", "nosuchrev"], ["--base", "git revision", "'nosuchrev'"]),
+    (["compare", "HEAD", "--min-gap", "nan"], ["--min-gap", ">= 0", "'nan'"]),
+    (["noise-floor", "--runs", "0"], ["--runs", ">= 1", "'0'"]),
+    (["profile", "nosuchop", "--case", "x"], ["unknown operation 'nosuchop'"]),
+    (["hlo", "softmax", "--impl", "nosuch"], ["unknown implementation 'nosuch'"]),
+    (["nosuchcommand"], ["invalid choice", "'nosuchcommand'", "check"]),
+]
+
+
+@pytest.mark.parametrize("argv,words", MISTAKES, ids=[" ".join(a) for a, _ in MISTAKES])
+def test_user_mistake_is_one_line_and_a_nonzero_exit(capsys, tmp_path, argv, words):
+    files = _files(tmp_path)
+    argv = [files[arg[1:-1]] if arg.startswith("{") else arg for arg in argv]
+    status, err = _run(capsys, *argv)
+    assert status == 2, (status, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+def test_a_real_bug_keeps_its_traceback(monkeypatch):
+    from kernels import measure_cli
+
+    def broken(args):
+        raise ZeroDivisionError("a bug, not a user mistake")
+
+    monkeypatch.setattr(measure_cli, "cmd_ceilings", broken)
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["ceilings"])
+
+
+def test_unknown_names_are_user_errors_and_still_key_errors():
+    from kernels import registry
+
+    with pytest.raises(validation.UnknownName) as caught:
+        registry.operation("nope")
+    assert isinstance(caught.value, KeyError)
+    assert str(caught.value).startswith("unknown operation 'nope'")  # not quoted like a key
+
+
+@pytest.mark.parametrize("convert,text,message", [
+    (validation.positive_float, "nan", "expected a finite number > 0, got 'nan'"),
+    (validation.positive_float, "0", "expected a finite number > 0, got '0'"),
+    (validation.positive_float, "x", "expected a finite number > 0, got 'x'"),
+    (validation.nonnegative_float, "-0.1", "expected a finite number >= 0, got '-0.1'"),
+    (validation.positive_int, "0", "expected an integer >= 1, got '0'"),
+    (validation.positive_int, "1.5", "expected an integer >= 1, got '1.5'"),
+    (validation.nonnegative_int, "-1", "expected an integer >= 0, got '-1'"),
+])
+def test_number_arguments_refuse_what_they_cannot_use(convert, text, message):
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match=message.replace(".", r"\.")):
+        convert(text)
+
+
+@pytest.mark.parametrize("convert,text,value", [
+    (validation.positive_float, "0.5", 0.5), (validation.nonnegative_float, "0", 0.0),
+    (validation.positive_int, "1", 1), (validation.nonnegative_int, "0", 0),
+])
+def test_number_arguments_take_their_edge_values(convert, text, value):
+    assert convert(text) == value
+
+
+def test_the_process_prints_no_traceback():
+    done = subprocess.run([sys.executable, "-m", "kernels", "check", "nosuchop"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "python -m kernels check: error: unknown operation 'nosuchop'; known: ['attention', "
+        "'matmul', 'mlp', 'moe', 'row_sum', 'sharded_matmul', 'sharded_vmap', 'softmax', "
+        "'transformer_block']"]
