@@ -1,12 +1,21 @@
 """How the kernel items share a GPU: groups, memory estimates, the worker count, the order
 items run in, and the phase breakdown printed at the end."""
 
+import importlib.util
+import pathlib
+import sys
 import types
 
 import pytest
 
-import conftest
 from kernels import devices, phases, registry, scheduling
+
+# The repository's conftest by path: `import conftest` gets whichever conftest pytest loaded
+# last under that name (perf_tests/tests has one too).
+_spec = importlib.util.spec_from_file_location(
+    "kernelperf_root_conftest", pathlib.Path(__file__).parents[1] / "conftest.py")
+conftest = sys.modules.setdefault(_spec.name, importlib.util.module_from_spec(_spec))
+_spec.loader.exec_module(conftest)
 
 H100 = devices.Machine(platform="gpu", device_kind="NVIDIA H100 80GB HBM3", device_count=1,
                        compute_capability=(9, 0))
