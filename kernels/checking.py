@@ -484,7 +484,7 @@ def check(impl: registry.Implementation, case: registry.Case, *, seed: int = 0,
     op = registry.operation(impl.op)
     fw = frameworks.framework(impl.framework)
     timer = timer or phases.PhaseTimer()
-    with_grad = gradients and op.differentiable and impl.differentiable
+    with_grad = gradients and registry.has_direction(impl, "bwd")
     label = f"{impl.id}[{case.id}, {distribution}, seed {seed}]"
     if references is None:
         references = ReferenceCache(0)

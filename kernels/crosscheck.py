@@ -201,14 +201,13 @@ def torch_profiler_kernel_time(timeable, *, calls: int = 30) -> float:
 
     from kernels import fingerprint, timing
 
-    flush = torch.empty(timing.l2_bytes(fingerprint.fingerprint()), dtype=torch.int8,
-                        device="cuda")
+    flush = timing.torch_flush(timing.l2_bytes(fingerprint.fingerprint()))
     for _ in range(timing.WARMUP_CALLS):
         timeable.fn(*timeable.args)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
-            flush.zero_()
+            flush()
             torch.cuda.synchronize()
             with record_function(CALL_RANGE):
                 timeable.fn(*timeable.args)

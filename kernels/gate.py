@@ -214,7 +214,7 @@ def detectable_shift(samples: list[float], factor: float) -> tuple[float, float]
     from asv import _stats
     from asv_runner.statistics import compute_stats
 
-    base_value, base_stats = compute_stats(samples, 1)
+    _, base_stats = compute_stats(samples, 1)
     shift = None
     for step in range(1, 1001):  # 0.1% steps up to 100%
         d = step / 1000

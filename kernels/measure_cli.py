@@ -175,15 +175,14 @@ class Row:
 
 def run_rows(op, impls, cases, directions, regime, rule) -> list[Row]:
     """Time every (implementation, case, direction) that can run here, with a progress bar."""
-    from kernels import checking, devices, timing
+    from kernels import checking, devices, registry, timing
     from kernels.roofline import report
 
     todo = [Row(impl, case, d) for case in cases for d in directions for impl in impls]
     inputs: dict[str, tuple] = {}  # numpy inputs per case, made once (large ones take seconds)
     for row in report.progress(todo, f"timing {op.name}"):
         reason = devices.case_unavailable_reason(row.impl, row.case)
-        if reason is None and row.direction == "bwd" and not (op.differentiable
-                                                               and row.impl.differentiable):
+        if reason is None and not registry.has_direction(row.impl, row.direction):
             reason = "no backward"
         if reason:
             row.skipped = reason

@@ -64,7 +64,7 @@ def program(impl: registry.Implementation, case: registry.Case,
     if direction not in registry.DIRECTIONS:
         raise ValueError(f"direction: expected one of {registry.DIRECTIONS}, got {direction!r}")
     op = registry.operation(impl.op)
-    if direction == "bwd" and not (op.differentiable and impl.differentiable):
+    if not registry.has_direction(impl, direction):
         raise ValueError(f"direction: {impl.id} has no backward, got 'bwd'")
     rng = np.random.default_rng(0)
     inputs = op.make_inputs(case, rng, op.distributions[0])

@@ -71,11 +71,6 @@ def bench_cases(op: registry.Operation, machine: devices.Machine) -> list[regist
     return [c for c in op.cases if BENCH_TAG in c.tags and platform_tag in c.tags]
 
 
-def has_direction(impl: registry.Implementation, direction: str) -> bool:
-    return direction == "fwd" or (registry.operation(impl.op).differentiable
-                                  and impl.differentiable)
-
-
 def perf_items(machine: devices.Machine | None = None) -> list[PerfItem]:
     """Every (kernel, bench case, direction) of the registry, with the reason where it cannot
     be timed here. Directions a kernel does not have (no backward) are left out."""
@@ -85,7 +80,7 @@ def perf_items(machine: devices.Machine | None = None) -> list[PerfItem]:
         for case in bench_cases(op, machine):
             for direction in registry.DIRECTIONS:
                 for impl in registry.implementations(op.name):
-                    if impl.baseline or not has_direction(impl, direction):
+                    if impl.baseline or not registry.has_direction(impl, direction):
                         continue
                     reason = devices.case_unavailable_reason(impl, case, machine)
                     if reason is None and not machine.has_gpu \
@@ -103,7 +98,7 @@ def baselines_for(impl: registry.Implementation, case: registry.Case, direction:
     """The operation's baselines that run `case` in `direction` on this machine."""
     machine = machine or devices.this_machine()
     return [peer for peer in registry.implementations(impl.op)
-            if peer.baseline and has_direction(peer, direction)
+            if peer.baseline and registry.has_direction(peer, direction)
             and devices.case_unavailable_reason(peer, case, machine) is None]
 
 

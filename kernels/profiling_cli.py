@@ -37,9 +37,11 @@ def _default_tags() -> list[str]:
 
 
 def _directions(op, impl, direction: str | None) -> list[str]:
+    from kernels import registry
+
     if direction:
         return [direction]
-    return ["fwd", "bwd"] if op.differentiable and impl.differentiable else ["fwd"]
+    return [d for d in registry.DIRECTIONS if registry.has_direction(impl, d)]
 
 
 def cmd_profile(args: argparse.Namespace) -> int:

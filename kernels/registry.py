@@ -283,6 +283,12 @@ def operations() -> list[Operation]:
     return list(_OPERATIONS.values())
 
 
+def has_direction(impl: Implementation, direction: str) -> bool:
+    """Whether `impl` runs in `direction`: every implementation has a forward; a backward
+    needs both the operation and the implementation to be differentiable."""
+    return direction == "fwd" or (operation(impl.op).differentiable and impl.differentiable)
+
+
 def operation(name: str) -> Operation:
     load()
     try:

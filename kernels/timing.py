@@ -191,7 +191,7 @@ def prepare(impl: registry.Implementation, case: registry.Case, *, direction: st
     if direction not in registry.DIRECTIONS:
         raise ValueError(f"direction: expected one of {registry.DIRECTIONS}, got {direction!r}")
     op = registry.operation(impl.op)
-    if direction == "bwd" and not (op.differentiable and impl.differentiable):
+    if not registry.has_direction(impl, direction):
         raise ValueError(f"direction: {impl.id} has no backward; expected 'fwd', got 'bwd'")
     fw = frameworks.framework(impl.framework)
     if inputs is None:
@@ -445,10 +445,10 @@ def make_sampler(timeable: Timeable, regime: str,
             if session is None:
                 _warn_no_cupti("jax", "host-clock")
         if session is not None:
-            flush = _jax_flush(flush_bytes, wait=False) if flush_bytes else None
+            flush = jax_flush(flush_bytes, wait=False) if flush_bytes else None
             inner = _CuptiSampler(call, flush, jax.block_until_ready, session, timeable.label)
             return _ClockedSampler(inner, device), "cupti"
-        flush = _jax_flush(flush_bytes) if flush_bytes else None
+        flush = jax_flush(flush_bytes) if flush_bytes else None
         inner = _HostSampler(lambda: jax.block_until_ready(call()), flush)
         return _ClockedSampler(inner, device), "host-clock"
     if timeable.framework == "torch" and timeable.on_gpu:
@@ -456,7 +456,7 @@ def make_sampler(timeable: Timeable, regime: str,
 
         from kernels import compat
 
-        flush = _torch_flush(flush_bytes) if flush_bytes else None
+        flush = torch_flush(flush_bytes) if flush_bytes else None
         session = compat.cupti_session() if torch_timer() == "cupti" else None
         if torch_timer() == "cupti" and session is None:
             _warn_no_cupti("torch", "cuda-events")
@@ -465,7 +465,7 @@ def make_sampler(timeable: Timeable, regime: str,
                                   timeable.label)
             return _ClockedSampler(inner, device), "cupti"
         return _ClockedSampler(_CudaEventSampler(call, flush), device), "cuda-events"
-    flush = _numpy_flush(flush_bytes) if flush_bytes else None
+    flush = numpy_flush(flush_bytes) if flush_bytes else None
     return _ClockedSampler(_HostSampler(call, flush), device), "host-clock"
 
 
@@ -480,14 +480,14 @@ def comparable(*measurements: Measurement) -> str | None:
             f"(KERNELPERF_TORCH_TIMER) to compare them")
 
 
-def _torch_flush(nbytes: int) -> Callable[[], Any]:
+def torch_flush(nbytes: int) -> Callable[[], Any]:
     import torch
 
     buffer = torch.empty(nbytes, dtype=torch.int8, device="cuda")
     return buffer.zero_
 
 
-def _jax_flush(nbytes: int, wait: bool = True) -> Callable[[], Any]:
+def jax_flush(nbytes: int, wait: bool = True) -> Callable[[], Any]:
     import jax
     import jax.numpy as jnp
 
@@ -497,7 +497,7 @@ def _jax_flush(nbytes: int, wait: bool = True) -> Callable[[], Any]:
     return lambda: jax.block_until_ready(write(jnp.int32(1)))
 
 
-def _numpy_flush(nbytes: int) -> Callable[[], Any]:
+def numpy_flush(nbytes: int) -> Callable[[], Any]:
     buffer = np.empty(nbytes, dtype=np.int8)
     return functools.partial(buffer.fill, 1)
 

@@ -142,7 +142,7 @@ def _resolve(op_name: str, impl_name: str, case_id: str, direction: str):
     impl = registry.implementation(op_name, impl_name)
     case = op.case(case_id)
     reason = devices.case_unavailable_reason(impl, case)
-    if reason is None and direction == "bwd" and not (op.differentiable and impl.differentiable):
+    if reason is None and not registry.has_direction(impl, direction):
         reason = "no backward"
     if reason:
         raise NotImplementedError(reason)

@@ -57,7 +57,7 @@ def test_every_kernel_has_an_h100_floor_on_every_gpu_bench_case():
                 continue
             for case in cases:
                 for direction in registry.DIRECTIONS:
-                    if perfcheck.has_direction(impl, direction) and floors.floor_for(
+                    if registry.has_direction(impl, direction) and floors.floor_for(
                             H100, op.name, impl.name, case.id, direction) is None:
                         missing.append(f"{impl.id}-{case.id}-{direction}")
     assert not missing, f"kernels with no H100 floor: {missing}"
