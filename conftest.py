@@ -19,12 +19,24 @@ their time (kernels/phases_plugin.py).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import itertools
 import os
+import sys
 
 from kernels import environment
 
 environment.configure()
+
+# xdist workers share one GPU. JAX's default (BFC) allocator keeps every worker's peak for
+# the rest of the run, and five workers' peaks added up past an H100's 80 GiB (2026-11-24:
+# 32 items out of memory); the platform allocator hands memory back as arrays die, so the
+# workers together hold what is live, which is what the worker plan budgets. Set before
+# anything starts JAX's backend (collection does). A value the user set is kept.
+_SHARED_GPU = bool(os.environ.get("PYTEST_XDIST_WORKER")) and environment.nvidia_gpu_present()
+if _SHARED_GPU:
+    os.environ.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
 
 import pytest  # noqa: E402
 
@@ -156,6 +168,45 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return KernelGroupScheduling(config, log)
 
 
+# Markers a non-performance item can carry: a -m expression none of their combinations
+# satisfies selects performance items only.
+_OTHER_MARKERS = ("gpu", "small", "cuda", "slow", "multi_gpu", "readme")
+
+
+def _selects_perf_only(markexpr: str) -> bool:
+    """Whether `-m markexpr` selects the performance items alone (`-m perf`, `-m "gpu and
+    perf"`): they time the device, so such a run gets no automatic workers (workers would
+    share the device, and the items would skip)."""
+    if not markexpr:
+        return False
+    from _pytest.mark.expression import Expression
+
+    expression = Expression.compile(markexpr)
+    for count in range(len(_OTHER_MARKERS) + 1):
+        for names in itertools.combinations(_OTHER_MARKERS, count):
+            if expression.evaluate(lambda name, *_, _names=set(names), **__: name in _names):
+                return False
+    return True
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Each item holds the device shared with the other workers, or alone where it times
+    the device (the device_alone mark; kernels.scheduling.device_share)."""
+    alone = item.get_closest_marker(scheduling.ALONE_MARK) is not None
+    with scheduling.device_share(alone) if _SHARED_GPU or alone else contextlib.nullcontext():
+        yield
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """A worker on a shared GPU gives torch's cached blocks back after each item (see
+    _SHARED_GPU): the others may need them."""
+    torch = sys.modules.get("torch")
+    if _SHARED_GPU and torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
     """Choose the xdist workers before xdist reads -n: on a GPU machine, as many as the GPU
@@ -171,7 +222,8 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
             raise pytest.UsageError(f"{scheduling.WORKERS_VARIABLE}: expected a whole number "
                                     f"of workers, got {override!r}") from None
     elif option.numprocesses != 0 and not option.collectonly and \
-            not config.getoption("usepdb", False) and devices.this_machine().has_gpu:
+            not config.getoption("usepdb", False) and not _selects_perf_only(option.markexpr) \
+            and devices.this_machine().has_gpu:
         plan = scheduling.auto_workers(devices.this_machine())
         if plan is not None:
             requested = option.numprocesses

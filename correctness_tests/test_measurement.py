@@ -320,6 +320,7 @@ def test_verify_timing_says_it_needs_a_gpu(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.device_alone  # under xdist the other workers' kernels would share its timing
 @pytest.mark.skipif(not devices.this_machine().has_gpu, reason="needs a CUDA GPU (CUPTI timer)")
 def test_cupti_timer_agrees_with_a_profiler_trace():
     op = registry.operation("softmax")

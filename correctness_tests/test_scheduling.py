@@ -128,8 +128,9 @@ def test_phase_summary_adds_up():
         phases.ItemRecord("c", "softmax", -1.0, {})
 
 
-def _config(numprocesses, dist="no", collectonly=False):
-    option = types.SimpleNamespace(numprocesses=numprocesses, dist=dist, collectonly=collectonly)
+def _config(numprocesses, dist="no", collectonly=False, markexpr=""):
+    option = types.SimpleNamespace(numprocesses=numprocesses, dist=dist, collectonly=collectonly,
+                                   markexpr=markexpr)
     return types.SimpleNamespace(option=option, getoption=lambda name, default=None: default,
                                  pluginmanager=types.SimpleNamespace(hasplugin=lambda n: True))
 
@@ -157,6 +158,20 @@ def test_asking_for_workers_on_a_gpu_never_exceeds_the_plan(on_h100, asked):
     conftest.pytest_cmdline_main(config)
     expected = on_h100 if asked in (64, "auto") else 2
     assert config.option.numprocesses == expected and config.option.dist == "loadgroup"
+
+
+@pytest.mark.parametrize("markexpr, serial", [
+    ("perf", True), ("gpu and perf", True), ("cuda and perf", True),
+    ("gpu", False), ("gpu and not perf", False), ("perf or small", False), ("", False)])
+def test_performance_only_runs_get_no_automatic_workers(on_h100, markexpr, serial):
+    # Perf items time the device: under workers that share it they would skip, so a run of
+    # them alone stays in one process; anything else keeps the plan. Asking still wins.
+    config = _config(None, markexpr=markexpr)
+    conftest.pytest_cmdline_main(config)
+    assert config.option.numprocesses == (None if serial else on_h100)
+    asked = _config(2, markexpr=markexpr)
+    conftest.pytest_cmdline_main(asked)
+    assert asked.option.numprocesses == 2
 
 
 def test_one_process_when_asked(on_h100, monkeypatch):
@@ -201,3 +216,47 @@ def test_scheduler_groups_kernel_items_by_case_from_their_test_ids(monkeypatch):
     other = "correctness_tests/test_harness.py::test_compare_reports_errors"
     assert scheduler._split_scope(other) == other
     assert conftest.pytest_xdist_make_scheduler(_config(2, dist="load"), log=None) is None
+
+
+def test_an_item_alone_waits_for_running_items_and_holds_back_new_ones(monkeypatch):
+    # Three "workers" (threads: flock conflicts between separate opens in one process too):
+    # A runs an item; B asks for the device alone and must wait for A; C arrives while B
+    # waits and must queue behind B (the turnstile), not slip in beside A.
+    import threading
+    import time
+    import uuid
+
+    monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", uuid.uuid4().hex)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "3")
+    events, a_release = [], threading.Event()
+
+    def worker(name, alone, hold):
+        with scheduling.device_share(alone):
+            events.append(f"{name} in" + (" alone" if scheduling.holds_device_alone() else ""))
+            hold()
+            events.append(f"{name} out")
+
+    a = threading.Thread(target=worker, args=("A", False, lambda: a_release.wait(5)))
+    b = threading.Thread(target=worker, args=("B", True, lambda: time.sleep(0.2)))
+    c = threading.Thread(target=worker, args=("C", False, lambda: None))
+    a.start()
+    while "A in" not in events:
+        time.sleep(0.01)
+    b.start()
+    time.sleep(0.2)
+    c.start()
+    time.sleep(0.2)
+    assert events == ["A in"]  # B waits for A; C waits behind B
+    a_release.set()
+    for thread in (a, b, c):
+        thread.join(5)
+    assert events == ["A in", "A out", "B in alone", "B out", "C in", "C out"]
+
+
+def test_one_process_holds_nothing_but_knows_it_is_alone(monkeypatch):
+    monkeypatch.delenv("PYTEST_XDIST_TESTRUNUID", raising=False)
+    with scheduling.device_share(True):
+        assert scheduling.holds_device_alone()
+    with scheduling.device_share(False):
+        assert not scheduling.holds_device_alone()
+    assert not scheduling.holds_device_alone()

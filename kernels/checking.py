@@ -135,9 +135,19 @@ def _device_norm(x, peak):
     return scale * jnp.sqrt(jnp.sum(jnp.square(x / scale)))
 
 
+def _jit_unautotuned(fn):
+    """jax.jit without XLA's GPU autotuning: how fast the harness's own programs (the
+    reference, the comparisons) run does not matter, and on an H100 trying GEMM algorithms
+    for the reference's float32 dots took most of its compile (up to a minute per
+    attention case, cold cache). The dots keep their declared precision either way."""
+    import jax
+
+    options = {"xla_gpu_autotune_level": 0} if _device_platform() == "gpu" else None
+    return jax.jit(fn, compiler_options=options)
+
+
 @functools.cache
 def _device_stats_program(with_magnitude: bool):
-    import jax
     import jax.numpy as jnp
 
     def program(actual, expected, *magnitude):
@@ -145,7 +155,7 @@ def _device_stats_program(with_magnitude: bool):
         return _stats(jnp, upcast[0], upcast[1], upcast[2] if with_magnitude else None,
                       _device_norm)
 
-    return jax.jit(program)
+    return _jit_unautotuned(program)
 
 
 def _to_stats(raw: dict[str, Any]) -> _Stats:
@@ -276,7 +286,7 @@ def _reference_program(op_name: str, params: tuple, with_grad: bool):
         return op.reference(*(jnp.asarray(x, dtype=jnp.float32) for x in inputs), **kwargs)
 
     if not with_grad:
-        return jax.jit(forward)
+        return _jit_unautotuned(forward)
 
     def forward_and_vjp(inputs, cotangent):
         upcast = [jnp.asarray(x, dtype=jnp.float32) for x in inputs]
@@ -287,7 +297,7 @@ def _reference_program(op_name: str, params: tuple, with_grad: bool):
                       if op.gradient_magnitude else None)
         return out, tuple(grads), magnitudes
 
-    return jax.jit(forward_and_vjp)
+    return _jit_unautotuned(forward_and_vjp)
 
 
 def reference_outputs(op: registry.Operation, case: registry.Case, inputs: tuple[np.ndarray, ...],

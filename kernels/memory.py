@@ -127,6 +127,9 @@ def measure_isolated(impl: registry.Implementation, case: registry.Case,
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     # Allocate on demand: this process may already hold most of the device (JAX preallocates).
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    # The high-water mark is the BFC allocator's statistic; the platform allocator (which
+    # the test workers on a shared GPU use) keeps none.
+    env["XLA_PYTHON_CLIENT_ALLOCATOR"] = "bfc"
     described = json.dumps({"dtype": case.dtype, "dims": case.dims, "params": case.params,
                             "variant": case.variant})
     result = subprocess.run([sys.executable, "-m", "kernels.memory", impl.op, impl.name,

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels import checking, devices, fingerprint, registry, timing
+from kernels import checking, devices, fingerprint, registry, scheduling, timing
 from kernels.roofline import ceilings, floors, model
 
 BENCH_TAG = "bench"
@@ -306,9 +306,10 @@ def judge(*, label: str, device: fingerprint.Fingerprint, measured: timing.Measu
 
 def parallel_reason() -> str | None:
     """Why floors cannot be judged in this process: pytest-xdist workers share the device, so
-    a kernel's time is not its own (pytest-benchmark records nothing under xdist either)."""
+    a kernel's time is not its own; None in one process, or while this item holds the device
+    alone (the `device_alone` mark: kernels.scheduling.device_share)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if workers <= 1:
+    if workers <= 1 or scheduling.holds_device_alone():
         return None
     return (f"{workers} pytest-xdist workers share the device, so timings are not the "
             f"kernel's alone: floors are checked in a serial run (-p no:xdist, or -n 0)")

@@ -9,15 +9,24 @@ tens of GiB (real-size attention) all go to one group, hence one worker, and the
 count is what the GPU holds with that worker at its peak and every other worker at the
 peak of the largest remaining case. Items over several devices form one group too, so
 two of them never share the GPUs at once.
+
+Items that time the device (the perf tests, the timer's cross-checks) carry the
+`device_alone` mark: under several workers they wait until the other workers'
+running items finish, and hold the others' next items back until they are done
+(a readers-writer lock on files, `device_share`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import math
 import os
 import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
 
 from kernels import devices, dtypes, registry
 
@@ -31,6 +40,7 @@ CAPACITY_FRACTION = 0.85
 # CUDA context, cuBLAS and cuDNN handles of the JAX and torch in one worker process.
 CONTEXT_BYTES = 1.5 * 2**30
 MAX_WORKERS = 8
+ALONE_MARK = "device_alone"
 WORKERS_VARIABLE = "KERNELPERF_TEST_WORKERS"
 # Float32 copies of what the backward touches, alive together at a check's peak: the
 # reference (jitted forward, VJP, magnitudes), the implementation's output and gradients,
@@ -147,3 +157,44 @@ def auto_workers(machine: devices.Machine) -> Plan | None:
     if total is None:
         return None
     return plan(total, runnable_estimates(machine), cpu_count())
+
+
+_alone = False
+
+
+def holds_device_alone() -> bool:
+    """Whether this process runs an item with the device to itself (see `device_share`)."""
+    return _alone
+
+
+@contextlib.contextmanager
+def device_share(alone: bool) -> Iterator[None]:
+    """Hold the device for one item: shared with the other xdist workers' items, or alone.
+
+    flock on two files named by the xdist run: items take the lock shared; an item
+    alone takes it exclusively, first taking a turnstile that shared takers pass through,
+    so that items arriving while it waits queue behind it instead of starving it. Outside
+    an xdist run (one process) it holds nothing and the device is this process's anyway.
+    """
+    global _alone
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run or int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) <= 1:
+        _alone = alone
+        try:
+            yield
+        finally:
+            _alone = False
+        return
+    base = os.path.join(tempfile.gettempdir(), f"kernelperf-device-{run}")
+    with open(f"{base}.turnstile", "a") as turnstile, open(f"{base}.lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        _alone = alone
+        try:
+            yield
+        finally:
+            _alone = False
+            fcntl.flock(lock, fcntl.LOCK_UN)
