@@ -218,39 +218,55 @@ def test_scheduler_groups_kernel_items_by_case_from_their_test_ids(monkeypatch):
     assert conftest.pytest_xdist_make_scheduler(_config(2, dist="load"), log=None) is None
 
 
-def test_an_item_alone_waits_for_running_items_and_holds_back_new_ones(monkeypatch):
-    # Three "workers" (threads: flock conflicts between separate opens in one process too):
-    # A runs an item; B asks for the device alone and must wait for A; C arrives while B
-    # waits and must queue behind B (the turnstile), not slip in beside A.
-    import threading
+_WORKER = """
+import pathlib, sys, time
+from kernels import scheduling
+name, alone, log, release = sys.argv[1], sys.argv[2] == "1", sys.argv[3], sys.argv[4]
+scheduling.acquire_device(alone)
+with open(log, "a") as f:
+    f.write(f"{name} in{' alone' if scheduling.holds_device_alone() else ''}\\n")
+while release and not pathlib.Path(release).exists():
+    time.sleep(0.01)
+time.sleep(0.1)
+with open(log, "a") as f:
+    f.write(f"{name} out\\n")
+scheduling.release_device()
+"""
+
+
+def test_an_item_alone_waits_for_running_items_and_holds_back_new_ones(tmp_path, monkeypatch):
+    # Three xdist "workers" (processes): A runs an item; B asks for the device alone and
+    # must wait for A; C arrives while B waits and must queue behind B (the turnstile),
+    # not slip in beside A.
+    import subprocess
     import time
     import uuid
 
     monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", uuid.uuid4().hex)
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "3")
-    events, a_release = [], threading.Event()
+    log, release = tmp_path / "events", tmp_path / "release-a"
+    root = str(pathlib.Path(__file__).resolve().parent.parent)
 
-    def worker(name, alone, hold):
-        with scheduling.device_share(alone):
-            events.append(f"{name} in" + (" alone" if scheduling.holds_device_alone() else ""))
-            hold()
-            events.append(f"{name} out")
+    def start(name, alone, release_file=""):
+        return subprocess.Popen([sys.executable, "-c", _WORKER, name, "1" if alone else "0",
+                                 str(log), release_file], cwd=root)
 
-    a = threading.Thread(target=worker, args=("A", False, lambda: a_release.wait(5)))
-    b = threading.Thread(target=worker, args=("B", True, lambda: time.sleep(0.2)))
-    c = threading.Thread(target=worker, args=("C", False, lambda: None))
-    a.start()
-    while "A in" not in events:
+    def events():
+        return log.read_text().splitlines() if log.exists() else []
+
+    workers = [start("A", False, str(release))]
+    deadline = time.monotonic() + 30
+    while events() != ["A in"] and time.monotonic() < deadline:
         time.sleep(0.01)
-    b.start()
-    time.sleep(0.2)
-    c.start()
-    time.sleep(0.2)
-    assert events == ["A in"]  # B waits for A; C waits behind B
-    a_release.set()
-    for thread in (a, b, c):
-        thread.join(5)
-    assert events == ["A in", "A out", "B in alone", "B out", "C in", "C out"]
+    workers.append(start("B", True))
+    time.sleep(1.0)
+    workers.append(start("C", False))
+    time.sleep(1.0)
+    assert events() == ["A in"]  # B waits for A; C waits behind B
+    release.touch()
+    for worker in workers:
+        assert worker.wait(30) == 0
+    assert events() == ["A in", "A out", "B in alone", "B out", "C in", "C out"]
 
 
 def test_one_process_holds_nothing_but_knows_it_is_alone(monkeypatch):
@@ -259,4 +275,9 @@ def test_one_process_holds_nothing_but_knows_it_is_alone(monkeypatch):
         assert scheduling.holds_device_alone()
     with scheduling.device_share(False):
         assert not scheduling.holds_device_alone()
+    assert not scheduling.holds_device_alone()
+    scheduling.acquire_device(True)
+    scheduling.acquire_device(True)  # kept: consecutive items alone
+    assert scheduling.holds_device_alone()
+    scheduling.release_device()
     assert not scheduling.holds_device_alone()

@@ -159,42 +159,67 @@ def auto_workers(machine: devices.Machine) -> Plan | None:
     return plan(total, runnable_estimates(machine), cpu_count())
 
 
-_alone = False
+class _Hold:
+    """This process's hold on the device: its mode ("shared" or "alone") and lock files."""
+
+    def __init__(self) -> None:
+        self.mode: str | None = None
+        self.files: tuple = ()
+
+
+_hold = _Hold()
 
 
 def holds_device_alone() -> bool:
-    """Whether this process runs an item with the device to itself (see `device_share`)."""
-    return _alone
+    """Whether this process runs with the device to itself (see `acquire_device`)."""
+    return _hold.mode == "alone"
 
 
-@contextlib.contextmanager
-def device_share(alone: bool) -> Iterator[None]:
-    """Hold the device for one item: shared with the other xdist workers' items, or alone.
-
-    flock on two files named by the xdist run: items take the lock shared; an item
-    alone takes it exclusively, first taking a turnstile that shared takers pass through,
-    so that items arriving while it waits queue behind it instead of starving it. Outside
-    an xdist run (one process) it holds nothing and the device is this process's anyway.
-    """
-    global _alone
+def _lock_base() -> str | None:
+    """Where the lock files of this xdist run live; None outside one with several workers."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if not run or int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) <= 1:
-        _alone = alone
-        try:
-            yield
-        finally:
-            _alone = False
+        return None
+    return os.path.join(tempfile.gettempdir(), f"kernelperf-device-{run}")
+
+
+def acquire_device(alone: bool) -> None:
+    """Hold the device for the next item: shared with the other xdist workers' items, or
+    alone. A hold of the same mode is kept (consecutive items alone drain the others once).
+
+    flock on two files named by the xdist run: items take the lock shared; an item alone
+    takes it exclusively, first taking a turnstile that shared takers pass through, so that
+    items arriving while it waits queue behind it instead of starving it. Outside an xdist
+    run with several workers nothing is locked: the device is this process's anyway.
+    """
+    mode = "alone" if alone else "shared"
+    if _hold.mode == mode:
         return
-    base = os.path.join(tempfile.gettempdir(), f"kernelperf-device-{run}")
-    with open(f"{base}.turnstile", "a") as turnstile, open(f"{base}.lock", "a") as lock:
+    release_device()
+    base = _lock_base()
+    if base is not None:
+        turnstile, lock = open(f"{base}.turnstile", "a"), open(f"{base}.lock", "a")
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         finally:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
-        _alone = alone
-        try:
-            yield
-        finally:
-            _alone = False
-            fcntl.flock(lock, fcntl.LOCK_UN)
+        _hold.files = (turnstile, lock)
+    _hold.mode = mode
+
+
+def release_device() -> None:
+    """Give up this process's hold, if any."""
+    for handle in _hold.files:
+        handle.close()  # closing the last descriptor of an open file drops its flock
+    _hold.mode, _hold.files = None, ()
+
+
+@contextlib.contextmanager
+def device_share(alone: bool) -> Iterator[None]:
+    """`acquire_device` for the duration of a block, released after it."""
+    acquire_device(alone)
+    try:
+        yield
+    finally:
+        release_device()
