@@ -188,26 +188,6 @@ def _selects_perf_only(markexpr: str) -> bool:
     return True
 
 
-def _alone(item: pytest.Item | None) -> bool:
-    return item is not None and item.get_closest_marker(scheduling.ALONE_MARK) is not None
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    """Each item holds the device shared with the other workers, or alone where it times
-    the device (the device_alone mark; kernels.scheduling.acquire_device). A hold alone
-    is kept while the next item is alone too."""
-    if not (_SHARED_GPU or _alone(item)):
-        yield
-        return
-    scheduling.acquire_device(_alone(item))
-    try:
-        yield
-    finally:
-        if not (_alone(item) and _alone(nextitem)):
-            scheduling.release_device()
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     """A worker on a shared GPU gives torch's cached blocks back after each item (see

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from kernels import crosscheck, devices, fingerprint, registry, timing
+from kernels import crosscheck, devices, fingerprint, perfcheck, registry, timing
 from kernels.roofline import ceilings, model, report
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -320,9 +320,10 @@ def test_verify_timing_says_it_needs_a_gpu(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.device_alone  # under xdist the other workers' kernels would share its timing
 @pytest.mark.skipif(not devices.this_machine().has_gpu, reason="needs a CUDA GPU (CUPTI timer)")
 def test_cupti_timer_agrees_with_a_profiler_trace():
+    if perfcheck.parallel_reason():
+        pytest.skip(perfcheck.parallel_reason())
     op = registry.operation("softmax")
     impl = registry.implementation("softmax", "xla")
     case = next(c for c in op.cases if c.id == "f32-4096x4096")

@@ -10,23 +10,18 @@ count is what the GPU holds with that worker at its peak and every other worker 
 peak of the largest remaining case. Items over several devices form one group too, so
 two of them never share the GPUs at once.
 
-Items that time the device (the perf tests, the timer's cross-checks) carry the
-`device_alone` mark: under several workers they wait until the other workers'
-running items finish, and hold the others' next items back until they are done
-(a readers-writer lock on files, `device_share`).
+Workers allocate with JAX's platform allocator (conftest.py), which hands memory
+back as arrays die. Items that time the device skip under several workers (see
+kernels.perfcheck.parallel_reason): `pytest -m perf` runs them in one process.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import math
 import os
 import shutil
 import subprocess
-import tempfile
-from collections.abc import Iterator
 
 from kernels import devices, dtypes, registry
 
@@ -40,7 +35,6 @@ CAPACITY_FRACTION = 0.85
 # CUDA context, cuBLAS and cuDNN handles of the JAX and torch in one worker process.
 CONTEXT_BYTES = 1.5 * 2**30
 MAX_WORKERS = 8
-ALONE_MARK = "device_alone"
 WORKERS_VARIABLE = "KERNELPERF_TEST_WORKERS"
 # Float32 copies of what the backward touches, alive together at a check's peak: the
 # reference (jitted forward, VJP, magnitudes), the implementation's output and gradients,
@@ -158,68 +152,3 @@ def auto_workers(machine: devices.Machine) -> Plan | None:
         return None
     return plan(total, runnable_estimates(machine), cpu_count())
 
-
-class _Hold:
-    """This process's hold on the device: its mode ("shared" or "alone") and lock files."""
-
-    def __init__(self) -> None:
-        self.mode: str | None = None
-        self.files: tuple = ()
-
-
-_hold = _Hold()
-
-
-def holds_device_alone() -> bool:
-    """Whether this process runs with the device to itself (see `acquire_device`)."""
-    return _hold.mode == "alone"
-
-
-def _lock_base() -> str | None:
-    """Where the lock files of this xdist run live; None outside one with several workers."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if not run or int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) <= 1:
-        return None
-    return os.path.join(tempfile.gettempdir(), f"kernelperf-device-{run}")
-
-
-def acquire_device(alone: bool) -> None:
-    """Hold the device for the next item: shared with the other xdist workers' items, or
-    alone. A hold of the same mode is kept (consecutive items alone drain the others once).
-
-    flock on two files named by the xdist run: items take the lock shared; an item alone
-    takes it exclusively, first taking a turnstile that shared takers pass through, so that
-    items arriving while it waits queue behind it instead of starving it. Outside an xdist
-    run with several workers nothing is locked: the device is this process's anyway.
-    """
-    mode = "alone" if alone else "shared"
-    if _hold.mode == mode:
-        return
-    release_device()
-    base = _lock_base()
-    if base is not None:
-        turnstile, lock = open(f"{base}.turnstile", "a"), open(f"{base}.lock", "a")
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        finally:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
-        _hold.files = (turnstile, lock)
-    _hold.mode = mode
-
-
-def release_device() -> None:
-    """Give up this process's hold, if any."""
-    for handle in _hold.files:
-        handle.close()  # closing the last descriptor of an open file drops its flock
-    _hold.mode, _hold.files = None, ()
-
-
-@contextlib.contextmanager
-def device_share(alone: bool) -> Iterator[None]:
-    """`acquire_device` for the duration of a block, released after it."""
-    acquire_device(alone)
-    try:
-        yield
-    finally:
-        release_device()

@@ -228,15 +228,3 @@ def test_asv_does_not_import_the_pytest_side():
     # asv's discovery imports every module of the perf_tests package (benchmark_dir).
     here = pathlib.Path(__file__).parent
     assert (here.parent / "__init__.py").exists() and not (here / "__init__.py").exists()
-
-
-def test_sampling_budget_is_short_only_where_workers_wait_on_the_device(monkeypatch):
-    monkeypatch.delenv(perfcheck.BUDGET_VARIABLE, raising=False)
-    monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT", raising=False)
-    gpu, cpu = _device(), _device("cpu", platform="cpu")
-    assert perfcheck.stopping_rule(gpu).time_budget_s == perfcheck.GPU_BUDGET_S
-    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "5")
-    assert perfcheck.stopping_rule(gpu).time_budget_s == perfcheck.SHARED_RUN_BUDGET_S
-    assert perfcheck.stopping_rule(cpu).time_budget_s == perfcheck.CPU_BUDGET_S
-    monkeypatch.setenv(perfcheck.BUDGET_VARIABLE, "2.5")
-    assert perfcheck.stopping_rule(gpu).time_budget_s == 2.5

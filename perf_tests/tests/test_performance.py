@@ -8,9 +8,8 @@ the operation's baselines in this process (kernels.perfcheck), records the
 kernel's device-time samples through pytest-benchmark, then checks the floor
 for this GPU model; on CPU, or on a model without floors, it records and skips
 the check with the reason. Under several xdist workers (a plain `pytest -m
-gpu`) each item runs with the device to itself (the `device_alone` mark) and
-checks its floor; pytest-benchmark records nothing under xdist, so history is
-saved by a run of the perf tests alone (`pytest -m perf`, one process).
+gpu`) it skips at once, naming them: `pytest -m perf` runs the perf tests alone,
+in one process.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ def _params() -> list:
     machine = devices.this_machine()
     params = []
     for item in ITEMS.values():
-        marks = [pytest.mark.perf, pytest.mark.device_alone,
+        marks = [pytest.mark.perf,
                  pytest.mark.benchmark(timer=perfcheck.device_time, group=item.group)]
         reason = item.skip_reason
         if machine.has_gpu or item.impl.requires.gpu or (reason and "GPU" in reason):
