@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels import registry
+from kernels import environment, registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,21 +150,14 @@ def measure_isolated(impl: registry.Implementation, case: registry.Case,
                                f"failed (exit {result.returncode}):\n{result.stderr[-4000:]}")
         return MemoryUse(**json.loads(result.stdout.strip().splitlines()[-1]))
 
-    first = run("")
-    if first.live_peak_bytes is not None or not _gpu_present():
-        return first
+    if not environment.nvidia_gpu_present():
+        return run("")
     with tempfile.TemporaryDirectory() as scratch:
         results = os.path.join(scratch, "autotune.textproto")
-        run(f"--xla_gpu_dump_autotune_results_to={results}")
-        if not os.path.exists(results):
+        first = run(f"--xla_gpu_dump_autotune_results_to={results}")
+        if first.live_peak_bytes is not None or not os.path.exists(results):
             return first
         return run(f"--xla_gpu_load_autotune_results_from={results}")
-
-
-def _gpu_present() -> bool:
-    from kernels import environment
-
-    return environment.nvidia_gpu_present()
 
 
 def human(size: int | None) -> str:

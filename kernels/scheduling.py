@@ -151,4 +151,3 @@ def auto_workers(machine: devices.Machine) -> Plan | None:
     if total is None:
         return None
     return plan(total, runnable_estimates(machine), cpu_count())
-
