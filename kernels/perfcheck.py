@@ -31,7 +31,6 @@ import numpy as np
 from kernels import checking, devices, fingerprint, registry, timing
 from kernels.roofline import ceilings, floors, model
 
-BENCH_TAG = "bench"
 # Seconds of sampling per measurement (wall time, flushes included): one timed point per
 # kernel and baseline, so the whole `-m "gpu and perf"` run stays a few minutes.
 BUDGET_VARIABLE = "KERNELPERF_PERF_BUDGET"
@@ -67,8 +66,7 @@ class PerfItem:
 
 def bench_cases(op: registry.Operation, machine: devices.Machine) -> list[registry.Case]:
     """The operation's "bench" cases sized for this platform ("gpu" or "cpu" tagged)."""
-    platform_tag = "gpu" if machine.has_gpu else "cpu"
-    return [c for c in op.cases if BENCH_TAG in c.tags and platform_tag in c.tags]
+    return registry.bench_cases(op, "gpu" if machine.has_gpu else "cpu")
 
 
 def perf_items(machine: devices.Machine | None = None) -> list[PerfItem]:

@@ -323,6 +323,15 @@ def select_cases(op: Operation, tags: Sequence[str]) -> list[Case]:
     return [case for case in op.cases if case.tags & set(tags)]
 
 
+BENCH_TAG = "bench"
+
+
+def bench_cases(op: Operation, platform: str) -> list[Case]:
+    """The operation's benchmark cases sized for `platform` ("gpu" or "cpu"): tagged
+    BENCH_TAG and the platform, in declaration order (asv and the perf tests both time these)."""
+    return [case for case in op.cases if {BENCH_TAG, platform} <= case.tags]
+
+
 def check_tags(tags: Sequence[str], ops: Sequence[Operation]) -> None:
     """UnknownName unless every tag is carried by some case of `ops` (a misspelt tag would
     otherwise select nothing and report an empty, successful run)."""

@@ -55,7 +55,6 @@ compilation_cache.enable()  # $KERNELPERF_COMPILATION_CACHE=off disables it
 from kernels import devices, fingerprint, memory, registry, timing  # noqa: E402
 from kernels.roofline import ceilings, model  # noqa: E402
 
-BENCH_TAG = "bench"
 DASHBOARD_VARIABLE = "KERNELPERF_DASHBOARD_METRICS"
 # Device-time samples per asv round: at least, at most, and the wall-time cap (s).
 REPEAT = (10, 100, 20.0)
@@ -120,8 +119,8 @@ def bench_cases(op: registry.Operation) -> list[registry.Case]:
     platform_tag = "gpu" if environment.nvidia_gpu_present() else "cpu"
     if cpu_quick() and op.name not in CPU_QUICK_OPS:
         return []
-    return [c for c in op.cases if BENCH_TAG in c.tags and platform_tag in c.tags
-            and _wanted(c.id, "KERNELPERF_BENCH_CASES")]
+    return [c for c in registry.bench_cases(op, platform_tag)
+            if _wanted(c.id, "KERNELPERF_BENCH_CASES")]
 
 
 @functools.cache
