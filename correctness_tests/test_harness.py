@@ -411,3 +411,27 @@ def test_torch_faults_are_caught_at_real_size(planted):
     with pytest.raises(checking.CheckFailure, match="input x was modified"):
         checking.check(planted("in-place", in_place, framework="torch"), REAL_SIZE_CASE,
                        seed=0, gradients=False, references=cache)
+
+
+def test_chunked_generator_depends_on_the_seed_alone(monkeypatch):
+    # Large draws are filled in threads from per-chunk child seeds: the same values whatever
+    # the thread count, different per seed and per draw, standard normal; small draws are
+    # exactly default_rng's, so CPU-sized cases keep their inputs.
+    monkeypatch.setattr(checking.ChunkedGenerator, "MIN_ELEMENTS", 1000)
+    draws = []
+    for workers in ("1", "64"):  # 64 workers: one thread on this machine
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", workers)
+        rng = checking.ChunkedGenerator(7)
+        draws.append((rng.standard_normal((300, 70), dtype=np.float32),
+                      rng.standard_normal((300, 70), dtype=np.float32), rng.random(5000)))
+    for a, b in zip(*draws, strict=True):
+        assert np.array_equal(a, b)
+    first, second, uniform = draws[0]
+    assert not np.array_equal(first, second)
+    assert not np.array_equal(first, checking.ChunkedGenerator(8).standard_normal(
+        (300, 70), dtype=np.float32))
+    assert first.dtype == np.float32 and abs(first.mean()) < 0.05 and abs(first.std() - 1) < 0.05
+    assert 0 <= uniform.min() and uniform.max() < 1 and abs(uniform.mean() - 0.5) < 0.02
+    small = checking.ChunkedGenerator(7).standard_normal((10, 9), dtype=np.float32)
+    assert np.array_equal(small, np.random.default_rng(7).standard_normal((10, 9),
+                                                                          dtype=np.float32))
