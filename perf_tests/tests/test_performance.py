@@ -2,8 +2,8 @@
 
 One item per (kernel, bench case, direction), ids like
 `softmax-pallas-f32-32768x4096-fwd`, marked `perf` (and `gpu` on a GPU
-machine, or where the kernel needs one): `pytest -m gpu` runs them,
-`pytest -m "gpu and not perf"` leaves them out. Each item times the kernel and
+machine, or where the kernel needs one): `pytest -m perf` runs them in one
+process, `pytest -m "gpu and not perf"` leaves them out. Each item times the kernel and
 the operation's baselines in this process (kernels.perfcheck), records the
 kernel's device-time samples through pytest-benchmark, then checks the floor
 for this GPU model; on CPU, or on a model without floors, it records and skips
