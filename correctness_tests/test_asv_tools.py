@@ -201,12 +201,12 @@ def test_a_benchmark_prepares_its_timing_once_however_often_asv_reruns_setup(mon
     monkeypatch.setattr(timing, "prepare", counting_prepare)
     benchmarks._sampler.cache_clear()
     bench = benchmarks.Softmax()
-    before = benchmarks.DeviceClock.now
+    before = benchmarks.DEVICE_CLOCK.now
     for _ in range(3):
         bench.setup("xla", "f32-64x1000", "fwd")
         bench.time_device()
     assert len(prepared) == 1
-    assert benchmarks.DeviceClock.now > before
+    assert benchmarks.DEVICE_CLOCK.now > before
     benchmarks._sampler.cache_clear()
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels import compat, dtypes, frameworks, phases, registry
+from kernels import compat, dtypes, frameworks, phases, registry, scheduling
 
 # Arrays smaller than this are compared on the host: copying them is cheaper than compiling
 # a device reduction for their shape.
@@ -365,15 +365,10 @@ class ChunkedGenerator:
         def fill(piece, child):
             getattr(np.random.default_rng(child), method)(dtype=dtype, out=piece)
 
-        threads = max(1, min(self.CHUNKS, (os.cpu_count() or 1) // _workers()))
+        threads = max(1, min(self.CHUNKS, scheduling.cpu_count() // scheduling.xdist_workers()))
         with ThreadPoolExecutor(threads) as pool:
             list(pool.map(fill, pieces, children))
         return result
-
-
-def _workers() -> int:
-    """Processes sharing this machine's CPUs: the xdist workers of this run, or 1."""
-    return max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
 
 
 def make_inputs(op: registry.Operation, case: registry.Case, seed: int,
@@ -528,10 +523,9 @@ def _unchanged(before: np.ndarray, pristine: Any, after: Any, fw) -> bool:
 
 @functools.cache
 def _same_program():
-    import jax
     import jax.numpy as jnp
 
-    return jax.jit(lambda a, b: jnp.array_equal(a, b, equal_nan=True))
+    return _jit_unautotuned(lambda a, b: jnp.array_equal(a, b, equal_nan=True))
 
 
 def check(impl: registry.Implementation, case: registry.Case, *, seed: int = 0,

@@ -208,14 +208,6 @@ def part_sanitizer(out: pathlib.Path, minutes: float) -> list[list[str]]:
     return rows
 
 
-def table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True))
-             for r in [header, *rows]]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(line.rstrip() for line in lines)
-
-
 @dataclasses.dataclass(frozen=True)
 class Options:
     part: str
@@ -235,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print("RESULT " + json.dumps(child(*args.child)), flush=True)
         return 0
+    from kernels.cli import table
+
     options = Options(args.part, pathlib.Path(args.out), args.sanitizer_minutes)
     options.out.mkdir(parents=True, exist_ok=True)
     report = []

@@ -150,7 +150,7 @@ def select(args) -> tuple[Any, list, list]:
         cases = registry.select_cases(op, tags)
         if args.dtype:
             cases = [c for c in cases if c.dtype in args.dtype]
-        quick = [c for c in cases if "bench" in c.tags]
+        quick = [c for c in cases if registry.BENCH_TAG in c.tags]
         if not (on_gpu or args.tags or args.case) and quick and len(quick) < len(cases):
             print(f"no GPU: {op.name}'s bench case ({', '.join(c.id for c in quick)}) only; "
                   f"--tags cpu for all {len(cases)} CPU cases", flush=True)
@@ -358,10 +358,6 @@ def output_directory(text: str) -> str:
 def cmd_plot_roofline(args: argparse.Namespace) -> int:
     from kernels.roofline import report
 
-    if not pathlib.Path(args.json).is_file():
-        raise SystemExit(f"json: expected a roofline data file (make roofline writes "
-                         f"traces/roofline_data_<model>_<time>.json), got {args.json!r}: "
-                         f"no such file")
     for png in report.plot_data(pathlib.Path(args.json),
                                 pathlib.Path(args.out) if args.out else None):
         print(f"wrote {png}")

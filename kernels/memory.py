@@ -62,8 +62,7 @@ def program(impl: registry.Implementation, case: registry.Case,
 
     if impl.framework != "jax":
         raise ValueError(f"impl: expected a JAX implementation, got {impl.id} ({impl.framework})")
-    if direction not in registry.DIRECTIONS:
-        raise ValueError(f"direction: expected one of {registry.DIRECTIONS}, got {direction!r}")
+    registry.check_direction(direction)
     op = registry.operation(impl.op)
     if not registry.has_direction(impl, direction):
         raise ValueError(f"direction: {impl.id} has no backward, got 'bwd'")

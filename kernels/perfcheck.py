@@ -23,12 +23,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from kernels import checking, devices, fingerprint, registry, timing
+from kernels import checking, devices, fingerprint, registry, scheduling, timing
 from kernels.roofline import ceilings, floors, model
 
 # Seconds of sampling per measurement (wall time, flushes included): one timed point per
@@ -64,18 +64,13 @@ class PerfItem:
         return f"{self.case.op} {self.case.id} {self.direction}"
 
 
-def bench_cases(op: registry.Operation, machine: devices.Machine) -> list[registry.Case]:
-    """The operation's "bench" cases sized for this platform ("gpu" or "cpu" tagged)."""
-    return registry.bench_cases(op, "gpu" if machine.has_gpu else "cpu")
-
-
 def perf_items(machine: devices.Machine | None = None) -> list[PerfItem]:
     """Every (kernel, bench case, direction) of the registry, with the reason where it cannot
     be timed here. Directions a kernel does not have (no backward) are left out."""
     machine = machine or devices.this_machine()
     items = []
     for op in registry.operations():
-        for case in bench_cases(op, machine):
+        for case in registry.bench_cases(op, "gpu" if machine.has_gpu else "cpu"):
             for direction in registry.DIRECTIONS:
                 for impl in registry.implementations(op.name):
                     if impl.baseline or not registry.has_direction(impl, direction):
@@ -308,7 +303,7 @@ def parallel_reason() -> str | None:
     profiler trace puts at 42 us read 47 us in one on an H100, twice (the workers' platform
     allocator, conftest.py, is the likely cause). pytest-benchmark records nothing under
     xdist either."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    workers = scheduling.xdist_workers()
     if workers <= 1:
         return None
     return (f"{workers} pytest-xdist workers share the device, so timings are not the "
@@ -367,37 +362,7 @@ def extra_info(*, measured: timing.Measurement, work: registry.Work,
     }
 
 
-class DeviceClock:
-    """A clock that advances only by device-time samples: pytest-benchmark's timer.
-
-    `load(samples)` queues a measurement's samples; each `step()` (one round of
-    `benchmark.pedantic`) advances the clock by the next one, so the round's
-    duration, timer() after minus before, is exactly that sample.
-    """
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self._pending: list[float] = []
-
-    def read(self) -> float:
-        return self.now
-
-    def load(self, samples: Sequence[float]) -> None:
-        self.now = 0.0  # small values keep (now + s) - now exact to ~1e-16 s
-        self._pending = list(reversed(samples))
-
-    def step(self) -> None:
-        if not self._pending:
-            raise RuntimeError("DeviceClock: no device samples left; pedantic ran more rounds "
-                               "than the measurement has samples")
-        self.now += self._pending.pop()
-
-    @property
-    def pending(self) -> int:
-        return len(self._pending)
-
-
-CLOCK = DeviceClock()
+CLOCK = timing.DeviceClock()
 
 
 def device_time() -> float:

@@ -36,7 +36,7 @@ def _default_tags() -> list[str]:
     return ["gpu"] if devices.this_machine().has_gpu else ["cpu"]
 
 
-def _directions(op, impl, direction: str | None) -> list[str]:
+def _directions(impl, direction: str | None) -> list[str]:
     from kernels import registry
 
     if direction:
@@ -101,7 +101,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
             if reason:
                 rows.append([impl.name, case.id, "-", "-", "-", f"skipped: {reason}"])
                 continue
-            for direction in _directions(op, impl, args.direction):
+            for direction in _directions(impl, args.direction):
                 # A fresh process per row on GPU: the device's high-water mark cannot be reset.
                 use = memory.measure_isolated(impl, case, direction) if machine.has_gpu \
                     else memory.measure(impl, case, direction, live=False)

@@ -283,6 +283,12 @@ def operations() -> list[Operation]:
     return list(_OPERATIONS.values())
 
 
+def check_direction(direction: str) -> None:
+    """ValueError unless `direction` is one of DIRECTIONS."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction: expected one of {DIRECTIONS}, got {direction!r}")
+
+
 def has_direction(impl: Implementation, direction: str) -> bool:
     """Whether `impl` runs in `direction`: every implementation has a forward; a backward
     needs both the operation and the implementation to be differentiable."""

@@ -125,6 +125,11 @@ def gpu_memory_bytes() -> int | None:
     return None
 
 
+def xdist_workers() -> int:
+    """Processes of this pytest run sharing the machine: its xdist workers, or 1."""
+    return max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
+
+
 def cpu_count() -> int:
     try:
         return len(os.sched_getaffinity(0))

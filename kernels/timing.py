@@ -162,6 +162,39 @@ class Measurement:
         return cls(**data)
 
 
+class DeviceClock:
+    """A clock that advances only by device-time samples, for harnesses that read their own
+    timer (asv's `timer`, pytest-benchmark's): `advance(s)` moves it by one sample;
+    `load(samples)` queues a measurement's samples and each `step()` (one round of
+    pytest-benchmark's `pedantic`) advances it by the next, so the round's duration, timer()
+    after minus before, is exactly that sample.
+    """
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._pending: list[float] = []
+
+    def read(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def load(self, samples: Sequence[float]) -> None:
+        self.now = 0.0  # small values keep (now + s) - now exact to ~1e-16 s
+        self._pending = list(reversed(samples))
+
+    def step(self) -> None:
+        if not self._pending:
+            raise RuntimeError("DeviceClock: no device samples left; pedantic ran more rounds "
+                               "than the measurement has samples")
+        self.now += self._pending.pop()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+
 @dataclasses.dataclass(frozen=True)
 class Timeable:
     """What to time: `fn(*args)` in `framework` ("jax" or "torch"), and whether on a GPU."""
@@ -188,8 +221,7 @@ def prepare(impl: registry.Implementation, case: registry.Case, *, direction: st
     over a retained graph) with a random cotangent, not the forward again.
     `inputs` (numpy, from `checking.make_inputs`) saves remaking large ones.
     """
-    if direction not in registry.DIRECTIONS:
-        raise ValueError(f"direction: expected one of {registry.DIRECTIONS}, got {direction!r}")
+    registry.check_direction(direction)
     op = registry.operation(impl.op)
     if not registry.has_direction(impl, direction):
         raise ValueError(f"direction: {impl.id} has no backward; expected 'fwd', got 'bwd'")
@@ -457,8 +489,9 @@ def make_sampler(timeable: Timeable, regime: str,
         from kernels import compat
 
         flush = torch_flush(flush_bytes) if flush_bytes else None
-        session = compat.cupti_session() if torch_timer() == "cupti" else None
-        if torch_timer() == "cupti" and session is None:
+        cupti = torch_timer() == "cupti"
+        session = compat.cupti_session() if cupti else None
+        if cupti and session is None:
             _warn_no_cupti("torch", "cuda-events")
         if session is not None:
             inner = _CuptiSampler(call, flush, lambda _: torch.cuda.synchronize(), session,

@@ -163,10 +163,7 @@ def check_index_range(name: str, x: Any, limit: int = INT32_LIMIT) -> None:
         return
     strides = x.stride() if callable(getattr(x, "stride", None)) else None
     if strides is None:
-        largest = 1
-        for size in shape:
-            largest *= size
-        largest -= 1
+        largest = math.prod(shape) - 1
     else:
         largest = sum((size - 1) * abs(stride) for size, stride in zip(shape, strides,
                                                                         strict=True))

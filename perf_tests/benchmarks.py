@@ -52,10 +52,9 @@ from kernels import compilation_cache  # noqa: E402
 
 compilation_cache.enable()  # $KERNELPERF_COMPILATION_CACHE=off disables it
 
-from kernels import devices, fingerprint, memory, registry, timing  # noqa: E402
+from kernels import asv_tools, devices, fingerprint, memory, registry, timing  # noqa: E402
 from kernels.roofline import ceilings, model  # noqa: E402
 
-DASHBOARD_VARIABLE = "KERNELPERF_DASHBOARD_METRICS"
 # Device-time samples per asv round: at least, at most, and the wall-time cap (s).
 REPEAT = (10, 100, 20.0)
 # Without a GPU the default set is one operation, forward, the implementations that run here
@@ -70,18 +69,8 @@ CPU_QUICK_DIRECTIONS = ("fwd",)
 CPU_QUICK_REPEAT = (5, 50, 2.0)
 
 
-class DeviceClock:
-    """A clock that advances only by measured device time (asv's `timer`)."""
-
-    now = 0.0
-
-    @classmethod
-    def read(cls) -> float:
-        return cls.now
-
-    @classmethod
-    def advance(cls, seconds: float) -> None:
-        cls.now += seconds
+# asv's `timer`: advanced only by measured device time.
+DEVICE_CLOCK = timing.DeviceClock()
 
 
 def _wanted(name: str, variable: str) -> bool:
@@ -196,7 +185,7 @@ class _OperationBenchmarks:
 
     op_name = ""
     param_names = ["implementation", "case", "direction"]
-    timer = staticmethod(DeviceClock.read)
+    timer = staticmethod(DEVICE_CLOCK.read)
     number = 1  # one device-time sample per asv sample
     repeat = REPEAT
     warmup_time = 0.0  # warm-up happens in setup, through the measurement core
@@ -208,7 +197,7 @@ class _OperationBenchmarks:
         self.direction = direction
 
     def time_device(self, *params) -> None:
-        DeviceClock.advance(_sampler(self.impl, self.case, self.direction).take(1)[0])
+        DEVICE_CLOCK.advance(_sampler(self.impl, self.case, self.direction).take(1)[0])
 
     def track_peak_memory(self, *params) -> float:
         """Bytes of the compiled program; NaN for torch (no XLA memory analysis)."""
@@ -221,7 +210,8 @@ class _OperationBenchmarks:
 
 
 class _DashboardMetrics:
-    """The dashboard's metrics, defined only when this run records them (DASHBOARD_VARIABLE):
+    """The dashboard's metrics, defined only when this run records them
+    (asv_tools.DASHBOARD_VARIABLE):
     asv spawns a process for every benchmark and parameter, so metrics it would only skip
     would still cost a process each, and asv's verdict would misread the throughputs."""
 
@@ -278,7 +268,7 @@ class _DashboardMetrics:
 
 
 def recording_dashboard_metrics() -> bool:
-    return os.environ.get(DASHBOARD_VARIABLE, "") not in ("", "0")
+    return os.environ.get(asv_tools.DASHBOARD_VARIABLE, "") not in ("", "0")
 
 
 def _suite(op: registry.Operation) -> type | None:

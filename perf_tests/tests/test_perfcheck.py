@@ -177,7 +177,7 @@ def test_comparison_with_a_saved_run_is_refused_across_clocks_and_models():
 
 
 def test_device_clock_advances_by_exactly_each_sample_and_no_further():
-    clock = perfcheck.DeviceClock()
+    clock = timing.DeviceClock()
     samples = [3.5e-4, 1.25e-6, 2.0]
     clock.load(samples)
     durations = []

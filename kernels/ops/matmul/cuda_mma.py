@@ -76,8 +76,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, config: MmaConfig | None = None
                         f"got {dtypes.name_of(a.dtype)}")
     runtime.check_tensor("a", a)
     runtime.check_tensor("b", b, like=a)
-    if a.shape[0] == 0 or b.shape[1] == 0:  # an empty product: launch no grid of zero blocks
-        return torch.zeros((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+    if (empty := spec.empty_product(a, b)) is not None:
+        return empty
     (m, k), n = a.shape, b.shape[1]
     if max(m, n, k) > runtime.INT32_MAX:
         raise ValueError(f"a, b: expected dimensions below 2**31, got m={m}, n={n}, k={k}")

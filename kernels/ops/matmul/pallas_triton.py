@@ -156,8 +156,8 @@ def matmul(a: jax.Array, b: jax.Array, *, config: MatmulConfig | None = None,
     validation.check_flag("interpret", interpret)
     validation.check_index_range("a", a)
     validation.check_index_range("b", b)
-    if a.shape[0] == 0 or b.shape[1] == 0:  # an empty product: no program to launch
-        return jnp.zeros((a.shape[0], b.shape[1]), a.dtype)
+    if (empty := spec.empty_product(a, b)) is not None:
+        return empty
     if interpret is None:
         interpret = compat.pallas_interpret()
     return _matmul_jit(a, b, config, interpret)

@@ -55,6 +55,17 @@ def validate(a, b) -> None:
     validation.check_nonempty_axis("a", a, 1)
 
 
+def empty_product(a, b, *, requires_grad: bool = False):
+    """The (m, n) zeros of an empty product (m or n is 0: no grid to launch) in a's
+    framework, dtype and device; None when the product is not empty."""
+    m, n = a.shape[0], b.shape[1]
+    if m and n:
+        return None
+    if hasattr(a, "new_zeros"):  # a torch tensor
+        return a.new_zeros((m, n), requires_grad=requires_grad)
+    return jnp.zeros((m, n), a.dtype)
+
+
 def make_inputs(case: registry.Case, rng: np.random.Generator,
                 distribution: str) -> tuple[np.ndarray, np.ndarray]:
     """Normal(0, 1) entries scaled by 1/sqrt(k) so C stays O(1); "large" multiplies by 50."""

@@ -166,9 +166,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     validation.check_torch_tensor("b", b, device, like=a)
     validation.check_index_range("a", a)
     validation.check_index_range("b", b)
-    if a.shape[0] == 0 or b.shape[1] == 0:  # an empty product: no program to launch
-        return torch.zeros((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device,
-                           requires_grad=a.requires_grad or b.requires_grad)
+    if (empty := spec.empty_product(a, b, requires_grad=a.requires_grad or b.requires_grad)) \
+            is not None:
+        return empty
     return Matmul.apply(a, b)
 
 

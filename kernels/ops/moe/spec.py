@@ -166,8 +166,7 @@ def work(case: registry.Case, direction: str) -> registry.Work:
     reduced = 2 * (model - 1) * tokens * m * itemsize
     if direction == "fwd":
         return registry.Work(flops=flops, bytes=bytes_, comm_bytes=exchanged + reduced)
-    if direction != "bwd":
-        raise ValueError(f"direction: expected one of {registry.DIRECTIONS}, got {direction!r}")
+    registry.check_direction(direction)
     devices = data * model
     return registry.Work(flops=2 * flops, bytes=2 * bytes_,
                          comm_bytes=exchanged + reduced + 2 * (devices - 1) * m * e * itemsize)

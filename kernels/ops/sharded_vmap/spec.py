@@ -82,8 +82,7 @@ def work(case: registry.Case, direction: str) -> registry.Work:
     bytes_ = (b * n * d_in + d_in * d_out + b * n * d_out) * itemsize
     if direction == "fwd":
         return registry.Work(flops=flops, bytes=bytes_)
-    if direction != "bwd":
-        raise ValueError(f"direction: expected one of {registry.DIRECTIONS}, got {direction!r}")
+    registry.check_direction(direction)
     comm = (2 * (data - 1) * d_in * d_out + 2 * (model - 1) * b * n * d_in) * itemsize
     return registry.Work(flops=2 * flops, bytes=2 * bytes_, comm_bytes=comm)
 

@@ -117,8 +117,7 @@ def work(case: registry.Case, direction: str) -> registry.Work:
     all_reduces = 2 * 2 * (model - 1) * b * s * m * itemsize
     if direction == "fwd":
         return registry.Work(flops=flops, bytes=bytes_, comm_bytes=all_reduces)
-    if direction != "bwd":
-        raise ValueError(f"direction: expected one of {registry.DIRECTIONS}, got {direction!r}")
+    registry.check_direction(direction)
     return registry.Work(flops=2 * flops, bytes=2 * bytes_,
                          comm_bytes=all_reduces + 2 * (data - 1) * parameters * itemsize)
 
