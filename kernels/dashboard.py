@@ -41,6 +41,8 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from kernels import vcs
+
 ROOT = Path(__file__).resolve().parent.parent
 # Results kept in the repository (recorded on GPU machines), and this machine's asv results.
 SHIPPED_RESULTS = ROOT / "perf_tests" / "results" / "asv"
@@ -216,8 +218,7 @@ def combine_results(sources: list[str | os.PathLike], into: str | os.PathLike) -
 
 
 def _current_branch(repo: Path) -> str | None:
-    result = subprocess.run(["git", "-C", str(repo), "rev-parse", "--abbrev-ref", "HEAD"],
-                            capture_output=True, text=True)
+    result = vcs.git(repo, "rev-parse", "--abbrev-ref", "HEAD", check=False)
     branch = result.stdout.strip()
     return branch if result.returncode == 0 and branch != "HEAD" else None
 

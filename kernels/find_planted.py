@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kernels import asv_tools, dashboard
+from kernels import asv_tools, dashboard, vcs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,7 +44,7 @@ SKIP = {".git", ".asv", ".venv", ".whl", "__pycache__", ".pytest_cache", ".ruff_
         "traces", "results"}
 XLA_SOFTMAX = Path("kernels/ops/softmax/xla.py")
 LINE = "    return jax.nn.softmax(x.astype(jnp.float32), axis=-1).astype(x.dtype)\n"
-GIT = ["git", "-c", "user.name=asv-find", "-c", "user.email=asv-find@localhost"]
+IDENTITY = ("-c", "user.name=asv-find", "-c", "user.email=asv-find@localhost")
 
 
 def planted(repeats: int) -> str:
@@ -56,8 +56,7 @@ def planted(repeats: int) -> str:
 
 
 def git(repo: Path, *args: str) -> str:
-    return subprocess.run([*GIT, "-C", str(repo), *args], check=True, capture_output=True,
-                          text=True).stdout.strip()
+    return vcs.output(repo, *IDENTITY, *args)
 
 
 def scratch_repo(repo: Path, commits: int, plant_at: int, repeats: int) -> list[str]:

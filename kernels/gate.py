@@ -42,6 +42,8 @@ import sys
 import tempfile
 from collections.abc import Callable
 
+from kernels import vcs
+
 # One implementation of each family, all on one operation whose input has leading rows.
 FAMILIES = {"pallas": "pallas", "triton": "triton", "cuda": "cuda", "xla": "xla"}
 PLANT_OP = "softmax"
@@ -114,19 +116,14 @@ def module_path(op: str, impl: str) -> pathlib.Path:
     return pathlib.Path(*module.split(".")).with_suffix(".py")
 
 
-def _git(repo: pathlib.Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
-                          text=True).stdout.strip()
-
-
 def _commit(repo: pathlib.Path, message: str, edits: dict[pathlib.Path, str]) -> str:
     """Append each text to its file on a new commit on top of `main`; returns the hash."""
-    _git(repo, "checkout", "-q", "-B", "head", "main")
+    vcs.output(repo, "checkout", "-q", "-B", "head", "main")
     for path, text in edits.items():
         with open(repo / path, "a") as file:
             file.write(text)
-    _git(repo, "commit", "-q", "-a", "-m", message)
-    return _git(repo, "rev-parse", "HEAD")
+    vcs.output(repo, "commit", "-q", "-a", "-m", message)
+    return vcs.output(repo, "rev-parse", "HEAD")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,16 +249,16 @@ def main_flow(settings: Settings, *, keep: bool = False,
                                                  op.case(case))
         if reason:
             raise SystemExit(f"gate-power: {PLANT_OP}-{impl} cannot run {case} here: {reason}")
-    source = pathlib.Path(_git(pathlib.Path.cwd(), "rev-parse", "--show-toplevel"))
-    head = _git(source, "rev-parse", "HEAD")
+    source = pathlib.Path(vcs.output(pathlib.Path.cwd(), "rev-parse", "--show-toplevel"))
+    head = vcs.output(source, "rev-parse", "HEAD")
     machine = asv_tools.register_machine()
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="kernelperf-gate-"))
     log(f"gate-power: scratch clone {scratch} of {head[:8]}; machine {machine}; case {case}; "
         f"asv continuous -f {settings.factor}")
-    _git(scratch, "clone", "-q", str(source), ".")
-    _git(scratch, "checkout", "-q", "-B", "main", head)
-    _git(scratch, "config", "user.email", "gate-power@kernelperf")
-    _git(scratch, "config", "user.name", "kernelperf gate-power")
+    vcs.output(scratch, "clone", "-q", str(source), ".")
+    vcs.output(scratch, "checkout", "-q", "-B", "main", head)
+    vcs.output(scratch, "config", "user.email", "gate-power@kernelperf")
+    vcs.output(scratch, "config", "user.name", "kernelperf gate-power")
     outcomes: list[tuple[str, float, Outcome]] = []  # (kind, size, outcome)
     aa_samples: dict[str, list[float]] = {}
     # Interrupted (Ctrl-C, or a TERM from a time limit): report the trials done so far.
@@ -294,9 +291,9 @@ def main_flow(settings: Settings, *, keep: bool = False,
                                                           settings, machine, log)))
         if settings.speedup and planted:
             size = min(planted)
-            _git(scratch, "checkout", "-q", "-B", "faster", planted[size])
-            _git(scratch, "revert", "--no-edit", "HEAD")
-            fast = _git(scratch, "rev-parse", "HEAD")
+            vcs.output(scratch, "checkout", "-q", "-B", "faster", planted[size])
+            vcs.output(scratch, "revert", "--no-edit", "HEAD")
+            fast = vcs.output(scratch, "rev-parse", "HEAD")
             outcomes.append(("speed-up", size, run_trial(
                 scratch, f"-{size:.0%} (plant reverted)", planted[size], fast, impls, case,
                 settings, machine, log)))

@@ -37,6 +37,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from kernels import vcs
+
 RESULTS_BRANCH = "asv-results"
 PAGES_BRANCH = "gh-pages"
 OPTIONS_VARIABLE = "KERNELPERF_HISTORY_OPTIONS"
@@ -85,20 +87,9 @@ class History:
         return self.machine or asv_tools.machine_name()
 
 
-def _git(cwd: Path, *args: str, check: bool = True, env: dict | None = None
-         ) -> subprocess.CompletedProcess:
-    """git in `cwd`; RuntimeError with git's message if it fails and `check`."""
-    result = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True,
-                            env=env, stdin=subprocess.DEVNULL)
-    if check and result.returncode:
-        raise RuntimeError(f"git {' '.join(args)} (in {cwd}) failed ({result.returncode}): "
-                           f"{result.stderr.strip() or result.stdout.strip()}")
-    return result
-
-
 def _identity(cwd: Path) -> list[str]:
     """`-c user.name=.. -c user.email=..` for a commit where git has no identity (CI)."""
-    if _git(cwd, "config", "user.email", check=False).stdout.strip():
+    if vcs.git(cwd, "config", "user.email", check=False).stdout.strip():
         return []
     return ["-c", f"user.name={FALLBACK_IDENTITY[0]}", "-c", f"user.email={FALLBACK_IDENTITY[1]}"]
 
@@ -106,12 +97,13 @@ def _identity(cwd: Path) -> list[str]:
 def remote_tip(history: History) -> str | None:
     """Fetch the remote's results branch; its commit, or None if the remote has none yet."""
     branch = history.results_branch
-    listed = _git(history.root, "ls-remote", "--heads", history.remote, branch).stdout.split()
+    listed = vcs.git(history.root, "ls-remote", "--heads", history.remote, branch).stdout.split()
     if not listed:
         return None
     tracking = f"refs/remotes/{_remote_label(history)}/{branch}"
-    _git(history.root, "fetch", "--quiet", "--no-tags", history.remote, f"+{listed[0]}:{tracking}")
-    return _git(history.root, "rev-parse", tracking).stdout.strip()
+    vcs.git(history.root, "fetch", "--quiet", "--no-tags", history.remote,
+            f"+{listed[0]}:{tracking}")
+    return vcs.git(history.root, "rev-parse", tracking).stdout.strip()
 
 
 def _remote_label(history: History) -> str:
@@ -121,8 +113,8 @@ def _remote_label(history: History) -> str:
 
 def _empty_commit(history: History) -> str:
     """A root commit with an empty tree: the start of a results branch the remote lacks."""
-    tree = _git(history.root, "mktree").stdout.strip()  # from no lines: the empty tree
-    return _git(history.root, *_identity(history.root), "commit-tree", tree, "-m",
+    tree = vcs.git(history.root, "mktree").stdout.strip()  # from no lines: the empty tree
+    return vcs.git(history.root, *_identity(history.root), "commit-tree", tree, "-m",
                 "asv results: empty history").stdout.strip()
 
 
@@ -131,16 +123,16 @@ def fetch(history: History) -> str:
     tip = remote_tip(history)
     start = tip or _empty_commit(history)
     path = history.results_dir
-    _git(history.root, "worktree", "prune")  # a worktree whose folder a clean removed
+    vcs.git(history.root, "worktree", "prune")  # a worktree whose folder a clean removed
     if (path / ".git").exists():
         # Result files of an earlier run that were never pushed are untracked: they stay.
-        _git(path, "checkout", "--quiet", "--force", "-B", history.results_branch, start)
+        vcs.git(path, "checkout", "--quiet", "--force", "-B", history.results_branch, start)
     elif path.exists() and any(path.iterdir()):
         raise FileExistsError(f"results_dir: expected a worktree of the {history.results_branch}"
                               f" branch or no folder, got a folder with files: {path}")
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _git(history.root, "worktree", "add", "--quiet", "--force", "-B", history.results_branch,
+        vcs.git(history.root, "worktree", "add", "--quiet", "--force", "-B", history.results_branch,
              str(path), start)
     machines = sorted(p.name for p in path.iterdir() if (p / "machine.json").is_file())
     print(f"{history.results_branch}: {'commit ' + tip[:8] if tip else 'new, empty'} at {path}; "
@@ -160,13 +152,13 @@ def benchmarked(history: History, machine: str) -> set[str]:
 
 def new_commits(history: History, machine: str) -> list[str]:
     """Main's newest first-parent commits without results for `machine`, newest first."""
-    ref = _git(history.root, "rev-parse", "--verify", f"refs/heads/{history.branch}",
+    ref = vcs.git(history.root, "rev-parse", "--verify", f"refs/heads/{history.branch}",
                check=False)
     if ref.returncode:
         raise ValueError(f"branch: expected a local branch of {history.root}, got "
                          f"{history.branch!r} (`git branch -f {history.branch} origin/"
                          f"{history.branch}` makes one)")
-    recent = _git(history.root, "rev-list", "--first-parent", f"-n{history.window}",
+    recent = vcs.git(history.root, "rev-list", "--first-parent", f"-n{history.window}",
                   ref.stdout.strip()).stdout.split()
     done = benchmarked(history, machine)
     return [commit for commit in recent if commit not in done][:history.max_commits]
@@ -204,7 +196,7 @@ def run(history: History) -> int:
               f"for {machine}: nothing to run")
         return 0
     for commit in commits:
-        subject = _git(history.root, "log", "-1", "--format=%h %s", commit).stdout.strip()
+        subject = vcs.git(history.root, "log", "-1", "--format=%h %s", commit).stdout.strip()
         print(f"to benchmark on {machine}: {subject}")
     with tempfile.TemporaryDirectory(prefix="kernelperf-history-") as tmp:
         hashes = Path(tmp) / "commits.txt"
@@ -221,7 +213,7 @@ def _merged_benchmarks(history: History, tip: str | None) -> dict | None:
     ours = json.loads(path.read_text()) if path.is_file() else {}
     theirs = {}
     if tip:
-        shown = _git(history.results_dir, "show", f"{tip}:benchmarks.json", check=False)
+        shown = vcs.git(history.results_dir, "show", f"{tip}:benchmarks.json", check=False)
         theirs = json.loads(shown.stdout) if shown.returncode == 0 else {}
     merged = {**theirs, **ours}
     return merged or None
@@ -242,27 +234,27 @@ def push(history: History) -> str | None:
     for attempt in range(1, PUSH_ATTEMPTS + 1):
         tip = remote_tip(history)
         if tip:  # the index becomes the remote's tip; the files on disk stay as they are
-            _git(worktree, "reset", "--quiet", "--mixed", tip)
+            vcs.git(worktree, "reset", "--quiet", "--mixed", tip)
         if (worktree / machine).is_dir():
-            _git(worktree, "add", "--all", "--", machine)
+            vcs.git(worktree, "add", "--all", "--", machine)
         merged = _merged_benchmarks(history, tip)
         if merged:
             (worktree / "benchmarks.json").write_text(json.dumps(merged, indent=4,
                                                                  sort_keys=True) + "\n")
-            _git(worktree, "add", "--", "benchmarks.json")
-        staged = _git(worktree, "diff", "--cached", "--name-only").stdout.split()
+            vcs.git(worktree, "add", "--", "benchmarks.json")
+        staged = vcs.git(worktree, "diff", "--cached", "--name-only").stdout.split()
         new = sorted({Path(name).name.split("-")[0] for name in staged
                       if name.startswith(f"{machine}/") and Path(name).name != "machine.json"})
         if not new:
             print(f"no new results for {machine} to push")
             return None
-        _git(worktree, *_identity(worktree), "commit", "--quiet", "-m",
+        vcs.git(worktree, *_identity(worktree), "commit", "--quiet", "-m",
              f"asv results for {machine}: {len(new)} commit(s) {' '.join(new)}")
-        pushed = _git(worktree, "push", "--quiet", history.remote,
+        pushed = vcs.git(worktree, "push", "--quiet", history.remote,
                       f"HEAD:refs/heads/{history.results_branch}", check=False)
         if pushed.returncode == 0:
-            _git(worktree, "reset", "--quiet", "--hard", "HEAD")  # other machines' files too
-            commit = _git(worktree, "rev-parse", "HEAD").stdout.strip()
+            vcs.git(worktree, "reset", "--quiet", "--hard", "HEAD")  # other machines' files too
+            commit = vcs.git(worktree, "rev-parse", "HEAD").stdout.strip()
             print(f"pushed {commit[:8]} to {history.results_branch}: results of {machine} "
                   f"for {' '.join(new)}")
             return commit
@@ -306,13 +298,13 @@ def deploy(history: History) -> str:
     with tempfile.TemporaryDirectory(prefix="kernelperf-pages-") as tmp:
         env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
         tree_args = ["--work-tree", str(history.html_dir)]
-        _git(history.root, *tree_args, "add", "--all", "--force", ".", env=env)
-        tree = _git(history.root, "write-tree", env=env).stdout.strip()
-    results = _git(history.results_dir, "rev-parse", "--short", "HEAD", check=False)
-    commit = _git(history.root, *_identity(history.root), "commit-tree", tree, "-m",
+        vcs.git(history.root, *tree_args, "add", "--all", "--force", ".", env=env)
+        tree = vcs.git(history.root, "write-tree", env=env).stdout.strip()
+    results = vcs.git(history.results_dir, "rev-parse", "--short", "HEAD", check=False)
+    commit = vcs.git(history.root, *_identity(history.root), "commit-tree", tree, "-m",
                   f"asv dashboard of {history.results_branch} {results.stdout.strip()}"
                   ).stdout.strip()
-    _git(history.root, "push", "--quiet", "--force", history.remote,
+    vcs.git(history.root, "push", "--quiet", "--force", history.remote,
          f"{commit}:refs/heads/{history.pages_branch}")
     print(f"deployed {commit[:8]} to {history.pages_branch}")
     return commit
