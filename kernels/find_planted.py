@@ -18,8 +18,9 @@ the environment.
     python3 -m kernels.find_planted --case f32-32768x4096 --out "$OUT"   # on the H100
 
 Needs asv (on a machine without network: carried wheels on PYTHONPATH, which the kernelperf
-environment passes through). Writes find_report.json (and asv's log) to --out. Exit status 0
-when asv found the planted commit, 1 otherwise.
+environment passes through). Writes find_report.json, asv's log and job_summary.md (the
+pull-request job summary of the range's first and last commits, from the results asv find
+saved) to --out. Exit status 0 when asv found the planted commit, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -84,6 +85,17 @@ def scratch_repo(repo: Path, commits: int, plant_at: int, repeats: int) -> list[
     return hashes
 
 
+def job_summary(results: Path, machine: str, base: str, head: str) -> str | None:
+    """The pull-request job summary (asv_tools.render_markdown) for the searched range's ends,
+    from the results asv find saved; None when either end has none."""
+    before, after = (asv_tools.load(str(results), machine, commit) for commit in (base, head))
+    if not before or not after:
+        return None
+    rows = asv_tools.compare(before, after)
+    heading = f"asv on {machine}: {base[:8]} (first of the range) -> {head[:8]} (last)"
+    return asv_tools.render_markdown(rows, heading) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -137,6 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     (out / "find_report.json").write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report, indent=1))
+    # BASE..LAST excludes BASE, as in git: the range's ends are the first and last steps.
+    summary = job_summary(work / "results", machine, hashes[1], hashes[-1])
+    if summary:
+        (out / "job_summary.md").write_text(summary)
+        print(summary)
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if report["found_planted"] else 1

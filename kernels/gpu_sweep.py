@@ -147,23 +147,30 @@ def _run(command: list[str], log: pathlib.Path, env: dict | None = None,
     return f"exit {code}", time.time() - start
 
 
-def part_api(out: pathlib.Path) -> list[list[str]]:
-    rows = []
-    for op, impl, _ in KERNELS:
-        for kind in KINDS:
-            log = out / f"api_{op}_{impl}_{kind}.log"
-            status, _ = _run([sys.executable, "-m", "kernels.gpu_sweep", "--child", op, impl,
-                              kind], log)
-            text = log.read_text()
-            marker = text.rfind("RESULT ")
-            if marker >= 0:
-                result = json.loads(text[marker + 7:].splitlines()[0])
-                rows.append([f"{op}-{impl}", kind, result["outcome"], result["detail"]])
-            else:
-                tail = text.strip().splitlines()[-1:] or [""]
-                rows.append([f"{op}-{impl}", kind, f"CRASH ({status})", tail[0][:160]])
-            print("  " + " | ".join(rows[-1]), file=sys.stderr, flush=True)
-    return rows
+def _api_row(out: pathlib.Path, op: str, impl: str, kind: str) -> list[str]:
+    log = out / f"api_{op}_{impl}_{kind}.log"
+    status, _ = _run([sys.executable, "-m", "kernels.gpu_sweep", "--child", op, impl, kind], log)
+    text = log.read_text()
+    # The child's last line, not a traceback quoting the print statement.
+    results = [line for line in text.splitlines() if line.startswith("RESULT {")]
+    if results:
+        result = json.loads(results[-1][len("RESULT "):])
+        row = [f"{op}-{impl}", kind, result["outcome"], result["detail"]]
+    else:
+        tail = text.strip().splitlines()[-1:] or [""]
+        row = [f"{op}-{impl}", kind, f"CRASH ({status})", tail[0][:160]]
+    print("  " + " | ".join(row), file=sys.stderr, flush=True)
+    return row
+
+
+def part_api(out: pathlib.Path, jobs: int) -> list[list[str]]:
+    """Every (kernel, kind) row, `jobs` child processes at a time (each mostly imports and
+    compiles; the kernels are tiny), in KERNELS x KINDS order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    calls = [(out, op, impl, kind) for op, impl, _ in KERNELS for kind in KINDS]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(lambda call: _api_row(*call), calls))
 
 
 def part_sanitizer(out: pathlib.Path, minutes: float) -> list[list[str]]:
@@ -213,6 +220,7 @@ class Options:
     part: str
     out: pathlib.Path
     sanitizer_minutes: float
+    jobs: int
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu_sweep_out"))
     parser.add_argument("--sanitizer-minutes", type=float, default=4.0,
                         help="time limit of each sanitizer run")
+    parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
+                        help="api part: child processes at a time (default: 8 or the CPUs)")
     parser.add_argument("--child", nargs=3, metavar=("OP", "IMPL", "KIND"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -229,11 +239,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from kernels.cli import table
 
-    options = Options(args.part, pathlib.Path(args.out), args.sanitizer_minutes)
+    if args.jobs < 1:
+        parser.error(f"--jobs: expected at least 1, got {args.jobs}")
+    if args.part in ("api", "all"):
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error("--part api: expected a machine with a CUDA GPU, got none visible "
+                         "to torch")
+    options = Options(args.part, pathlib.Path(args.out), args.sanitizer_minutes, args.jobs)
     options.out.mkdir(parents=True, exist_ok=True)
     report = []
     if options.part in ("api", "all"):
-        rows = part_api(options.out)
+        rows = part_api(options.out, options.jobs)
         report.append(table(rows, ["kernel", "input", "outcome", "detail"]))
     if options.part in ("sanitizer", "all"):
         rows = part_sanitizer(options.out, options.sanitizer_minutes)
