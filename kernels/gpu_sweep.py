@@ -10,11 +10,15 @@ the end of the sweep. A row passes if the kernel returns the right result (compa
 torch's own) or raises a TypeError / ValueError before launching; anything else is reported.
 
 Part "sanitizer": `compute-sanitizer --tool memcheck` over `pytest -m "cuda and small"` twice,
-first with an empty JAX compilation cache, then with the cache the first run filled (the H100
-run of 2026-11-24 died with a segmentation fault cold and passed warm); then, to place the
+first with an empty JAX compilation cache, then with the cache the first run filled (on the
+H100 the cold run died with a segmentation fault in two of three sessions, 2026-11-24 and -25;
+the warm run always passed); then, to place the
 fault, minimal programs under the sanitizer with a cold cache: a JAX jit alone, a JAX matmul
 (XLA's GEMM autotuner launches many kernels), the same with autotuning off, and torch alone.
-Output: a table on stdout; each run's full log in DIR (default $OUT, else ./gpu_sweep_out).
+Output: a table on stdout; in DIR (default $OUT, else ./gpu_sweep_out) every api call's output
+in api.log and each sanitizer run's log, with the last test started named in the table when a
+run died. Exit status 1 when an api row is neither correct nor a clear error, or a sanitizer
+run or probe did not exit 0.
 """
 
 from __future__ import annotations
@@ -24,11 +28,13 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -147,10 +153,18 @@ def _run(command: list[str], log: pathlib.Path, env: dict | None = None,
     return f"exit {code}", time.time() - start
 
 
+_API_LOG_LOCK = threading.Lock()
+
+
 def _api_row(out: pathlib.Path, op: str, impl: str, kind: str) -> list[str]:
     log = out / f"api_{op}_{impl}_{kind}.log"
     status, _ = _run([sys.executable, "-m", "kernels.gpu_sweep", "--child", op, impl, kind], log)
     text = log.read_text()
+    # One api.log for the whole part: a file per call (56 of them) is more than a GPU job's
+    # artifacts should carry.
+    with _API_LOG_LOCK, open(out / "api.log", "a") as combined:
+        combined.write(f"### {op}-{impl} {kind}: {status}\n{text}\n")
+    log.unlink()
     # The child's last line, not a traceback quoting the print statement.
     results = [line for line in text.splitlines() if line.startswith("RESULT {")]
     if results:
@@ -180,14 +194,16 @@ def part_sanitizer(out: pathlib.Path, minutes: float) -> list[list[str]]:
     rows = []
     cache = pathlib.Path(tempfile.mkdtemp(prefix="kernelperf-jax-cache-"))
     base = [sanitizer, "--tool", "memcheck", "--kernel-name", "kns=kernelperf_"]
-    pytest = [sys.executable, "-m", "pytest", "-m", "cuda and small", "-p", "no:xdist", "-q",
+    pytest = [sys.executable, "-m", "pytest", "-m", "cuda and small", "-p", "no:xdist", "-v",
               "-x"]
     env = dict(os.environ, KERNELPERF_COMPILATION_CACHE=str(cache))
     limit = int(minutes * 60)
     for state in ("cold", "warm"):
-        status, seconds = _run(base + pytest, out / f"sanitizer_pytest_{state}.log", env, limit)
+        log = out / f"sanitizer_pytest_{state}.log"
+        status, seconds = _run(base + pytest, log, env, limit)
+        detail = f"{seconds:.0f} s; cache holds {sum(1 for _ in cache.rglob('*'))} files"
         rows.append(["pytest -m 'cuda and small' under memcheck", f"{state} cache", status,
-                     f"{seconds:.0f} s; cache holds {sum(1 for _ in cache.rglob('*'))} files"])
+                     detail + _where_it_stopped(log, status)])
         print("  " + " | ".join(rows[-1]), file=sys.stderr, flush=True)
     probes = {
         "jax jit (x + 1)": "import jax, jax.numpy as jnp; "
@@ -213,6 +229,20 @@ def part_sanitizer(out: pathlib.Path, minutes: float) -> list[list[str]]:
             rows.append([f"probe: {label}", variant, status, f"{seconds:.0f} s"])
             print("  " + " | ".join(rows[-1]), file=sys.stderr, flush=True)
     return rows
+
+
+def _where_it_stopped(log: pathlib.Path, status: str) -> str:
+    """For a run that did not exit 0: the last test pytest started (its -v lines name each
+    before running it) and the sanitizer's error count, if it lived to report one."""
+    if status == "exit 0":
+        return ""
+    lines = log.read_text(errors="replace").splitlines()
+    started = [line.split()[0] for line in lines if "::" in line and line.startswith(
+        ("correctness_tests/", "perf_tests/"))]
+    summaries = re.findall(r"ERROR SUMMARY: (\d+) error", "\n".join(lines))
+    errors = (f"sanitizer errors: {summaries[-1]}" if summaries
+              else "no sanitizer error summary (it died before writing one)")
+    return f"; last test started: {started[-1] if started else 'none'}; {errors}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,18 +279,19 @@ def main(argv: list[str] | None = None) -> int:
                          "to torch")
     options = Options(args.part, pathlib.Path(args.out), args.sanitizer_minutes, args.jobs)
     options.out.mkdir(parents=True, exist_ok=True)
-    report = []
+    report, failed = [], False
     if options.part in ("api", "all"):
         rows = part_api(options.out, options.jobs)
         report.append(table(rows, ["kernel", "input", "outcome", "detail"]))
+        failed |= any(row[2] not in ("correct", "clear error") for row in rows)
     if options.part in ("sanitizer", "all"):
         rows = part_sanitizer(options.out, options.sanitizer_minutes)
         report.append(table(rows, ["run", "state", "status", "detail"]))
+        failed |= any(row[2] != "exit 0" for row in rows)
     text = "\n\n".join(report)
     print(text)
     (options.out / "gpu_sweep.txt").write_text(text + "\n")
-    bad = ("CRASH", "UNCLEAR", "WRONG")
-    return 1 if any(word in text for word in bad) else 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

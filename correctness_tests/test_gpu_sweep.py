@@ -1,0 +1,30 @@
+"""kernels.gpu_sweep's verdicts, on any machine: a sanitizer run that dies fails the sweep and
+says where it stopped."""
+
+from kernels import gpu_sweep
+
+
+def test_a_run_killed_by_a_signal_fails_the_sweep(tmp_path, monkeypatch, capsys):
+    rows = [["pytest under memcheck", "cold cache", "killed by SIGSEGV", "31 s"],
+            ["pytest under memcheck", "warm cache", "exit 0", "64 s"]]
+    monkeypatch.setattr(gpu_sweep, "part_sanitizer", lambda out, minutes: rows)
+    assert gpu_sweep.main(["--part", "sanitizer", "--out", str(tmp_path)]) == 1
+    assert "killed by SIGSEGV" in (tmp_path / "gpu_sweep.txt").read_text()
+    rows[0][2] = "exit 0"
+    assert gpu_sweep.main(["--part", "sanitizer", "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+
+
+def test_where_a_dead_run_stopped(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text("$ compute-sanitizer ... pytest -v\n"
+                   "correctness_tests/test_a.py::test_one[x] PASSED      [ 10%]\n"
+                   "correctness_tests/test_b.py::test_two[y] \n"
+                   "========= Invalid __global__ read of size 4 bytes\n"
+                   "========= ERROR SUMMARY: 1 error\n")
+    where = gpu_sweep._where_it_stopped(log, "killed by SIGSEGV")
+    assert "last test started: correctness_tests/test_b.py::test_two[y]" in where
+    assert "sanitizer errors: 1" in where
+    log.write_text("correctness_tests/test_b.py::test_two[y] \n")
+    assert "no sanitizer error summary" in gpu_sweep._where_it_stopped(log, "killed by SIGSEGV")
+    assert gpu_sweep._where_it_stopped(log, "exit 0") == ""
