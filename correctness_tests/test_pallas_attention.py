@@ -46,7 +46,7 @@ def test_mosaic_lowers_for_hopper(shape, dtype, causal):
     what can be checked of the kernels without a Hopper GPU (layouts, wgmma shapes,
     barrier and shared-memory declarations)."""
     x = jax.ShapeDtypeStruct(shape, dtype)
-    config = pallas_mosaic.GPU_DEFAULT
+    config = pallas_mosaic.GPU_DEFAULTS[shape[-1]]
 
     def forward_backward(q, k, v, do):
         attention = pallas_mosaic._attention_jit

@@ -98,19 +98,30 @@ class MosaicAttentionConfig:
 # Forward at head_dim 128: Q 32 KiB + 2 stages of K and V 128 KiB of shared memory; the
 # S tile and O accumulator take 128 of a consumer's 232 registers per thread (2 x 232 + 40
 # for the producer = 504 per lane across the three warpgroups; the 64K-register file allows
-# 512).
-# Measured on an H100 (bf16, batch 4, heads 16, seq 4096, head_dim 128, non-causal, CUPTI,
-# cold L2), cuDNN in the same run: forward 0.958 ms = 574 TFLOP/s (cuDNN 0.812 ms, 677), so
-# 0.848x; backward 3.39 ms = 405 TFLOP/s counted as 2.5x the forward (cuDNN 2.68 ms, 512),
-# 0.79x. `python -m kernels tune attention --impl pallas_mosaic` times the forward grid below
-# and records the best per GPU model in tuned.json; on the H100 (2026-11-24) the default stayed
-# best: 0.977 ms, against block_kv 64 with 2/3/4 stages 1.124/1.152/1.299 ms; block_kv 128
-# with 3 stages does not fit in shared memory.
-GPU_DEFAULT = MosaicAttentionConfig()
+# 512, and asking for more blocks the warpgroup forever: 240 with 40 hung the H100).
+# Measured on an H100 (bf16, batch 4, seq 4096, CUPTI, cold L2, cuDNN in the same run;
+# perf_tests/RESULTS.md, 2026-11-25): head_dim 128 forward 0.84x cuDNN whatever the block_kv
+# and depth (the 2026-11-24 tune: block_kv 64 with 2/3/4 stages 15-33% slower; 128 with 3
+# stages does not fit), and JAX's attention_mgpu ordering tricks (an optimization_barrier
+# before the schedule barrier, waiting for the next K block under the P V wgmma) changed it
+# by under 0.5%. head_dim 64 has the room for block_kv 256: 0.915x -> 0.959x (causal 1.008x ->
+# 1.028x). The backward's dQ kernel with 128-key blocks and 2 stages: 0.806x -> 0.833x at
+# head_dim 128, 0.785x -> 0.810x at 64 (causal: 0.864x -> 0.863x, 0.895x -> 0.910x).
+GPU_DEFAULTS = {
+    128: MosaicAttentionConfig(block_kv_dq=128, max_concurrent_steps_bwd=2),
+    64: MosaicAttentionConfig(block_kv=256, block_kv_dq=128, max_concurrent_steps_bwd=2),
+}
+GPU_DEFAULT = GPU_DEFAULTS[128]
+TUNING_CASE = "bf16-4x4096x16x128"
 
 
-def default_config() -> MosaicAttentionConfig:
-    return tuning.tuned_config(spec.NAME, IMPL, MosaicAttentionConfig) or GPU_DEFAULT
+def default_config(head_dim: int = 128) -> MosaicAttentionConfig:
+    """This GPU model's tuned config (tuned.json) at the head_dim it was tuned at, else the
+    measured default for `head_dim`."""
+    tuned = None
+    if head_dim == spec.OPERATION.case(TUNING_CASE)["head_dim"]:
+        tuned = tuning.tuned_config(spec.NAME, IMPL, MosaicAttentionConfig)
+    return tuned or GPU_DEFAULTS[head_dim]
 
 
 def _smem_layout():
@@ -629,7 +640,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False,
 
     Args:
       causal: mask key j > query i.
-      config: blocks and pipeline depths; `default_config()` when None.
+      config: blocks and pipeline depths; `default_config(head_dim)` when None.
       interpret: run JAX's Mosaic GPU interpreter (jax 0.10.2's cannot: see NO_INTERPRETER).
     Returns:
       An array of q's shape and dtype.
@@ -641,7 +652,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False,
     validation.check_flag("interpret", interpret)
     if not interpret and not compat.on_gpu():
         raise RuntimeError(NO_INTERPRETER)
-    config = config or default_config()
+    config = config or default_config(q.shape[-1])
     return _attention_jit(q, k, v, bool(causal), config, interpret)
 
 
@@ -651,7 +662,7 @@ TUNING_CANDIDATES = tuple(
     dataclasses.replace(GPU_DEFAULT, block_kv=block_kv, max_concurrent_steps=steps)
     for block_kv, steps in [(128, 2), (128, 3), (64, 2), (64, 3), (64, 4)])
 tuning.register_tunable(spec.NAME, IMPL, functools.partial(
-    tuning.sweep, spec.NAME, IMPL, TUNING_CANDIDATES, "bf16-4x4096x16x128"))
+    tuning.sweep, spec.NAME, IMPL, TUNING_CANDIDATES, TUNING_CASE))
 
 registry.register_implementation(registry.Implementation(
     op=spec.NAME,

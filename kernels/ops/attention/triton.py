@@ -4,9 +4,11 @@ Forward (Dao 2023, "FlashAttention-2", Algorithm 1): one program per
 (query block, batch * head) keeps its Q tile in registers and walks the key
 blocks with an online softmax: a running max m and sum l per query row,
 rescaling the output accumulator by exp(m_old - m_new) when the max grows.
-Exponentials are exp2 with log2(e) folded into the scale. Under the causal
-mask, key blocks entirely above the diagonal are skipped, and only blocks on
-the diagonal or past the end of a ragged sequence pay for a mask. The
+Exponentials are exp2 with log2(e) folded into the scale, applied in the
+same FMA that subtracts the row max. Under the causal mask, key blocks
+entirely above the diagonal are skipped, only blocks on the diagonal or past
+the end of a ragged sequence pay for a mask, and the longest query blocks
+are launched first. The
 log-sum-exp per query row (base 2, scaled logits) is saved for the backward.
 
 Backward (Algorithm 2, split in two kernels so neither needs atomics):
@@ -42,7 +44,8 @@ class AttentionConfig:
 
     Forward: block_m queries per program, block_n keys per step. dK/dV:
     block_n1 keys per program, block_m1 queries per step. dQ: block_m2 queries
-    per program, block_n2 keys per step. Causal masking of a diagonal block
+    per program, block_n2 keys per step, with its own warps and stages when
+    dq_num_warps / dq_num_stages are set (0: those of dK/dV). Causal masking of a diagonal block
     assumes block_m % block_n == 0, block_n1 % block_m1 == 0 and
     block_m2 % block_n2 == 0 (each step then lies on or off the diagonal).
     """
@@ -57,12 +60,15 @@ class AttentionConfig:
     block_n2: int = 32
     bwd_num_warps: int = 4
     bwd_num_stages: int = 3
+    dq_num_warps: int = 0  # 0: as bwd_num_warps
+    dq_num_stages: int = 0  # 0: as bwd_num_stages
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{field.name}: expected a positive int, got {value!r}")
+            floor = 0 if field.name.startswith("dq_") else 1
+            if not isinstance(value, int) or value < floor:
+                raise ValueError(f"{field.name}: expected an int >= {floor}, got {value!r}")
             if "stages" not in field.name and value & (value - 1):
                 raise ValueError(f"{field.name}: expected a power of two, got {value}")
         for big, small in (("block_m", "block_n"), ("block_n1", "block_m1"),
@@ -76,11 +82,13 @@ class AttentionConfig:
 # smaller (4-byte elements, and IEEE dots use no tensor cores). From an H100 sweep of five
 # configs (do_bench, bf16, b4 s4096): head_dim 128 forward 128 x 64 at 468 TFLOP/s (128 x 128:
 # 476 non-causal but 405 vs 424 causal); its backward with 64-wide dK/dV steps at 349 TFLOP/s
-# (32 x 128 with 4 warps: 165), 368 with 3 pipeline stages instead of 2. head_dim 64: 409
-# forward, 312 backward with the defaults.
+# (32 x 128 with 4 warps: 165), 368 with 3 pipeline stages instead of 2. head_dim 64 (sweep of
+# 2026-11-25, CUPTI against cuDNN in the same run; perf_tests/RESULTS.md): the backward with
+# 64-query dK/dV steps 0.704x -> 0.759x cuDNN, and a dQ kernel of 64-key steps, 8 warps, 4
+# stages 0.745x; forward tiles, warps and stages around the defaults were all slower.
 CONFIGS = {
     "NVIDIA H100 80GB HBM3": {
-        64: AttentionConfig(),
+        64: AttentionConfig(block_m1=64, block_n2=64, dq_num_warps=8, dq_num_stages=4),
         128: AttentionConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, block_m1=64,
                              block_n1=128, block_m2=128, block_n2=64, bwd_num_warps=8,
                              bwd_num_stages=3),
@@ -117,15 +125,16 @@ def _forward_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, start, end,
             k = tl.load(k_ptrs + start_n * stride_s, mask=keys[None, :] < seq, other=0.0)
         else:
             k = tl.load(k_ptrs + start_n * stride_s)
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
+        s = tl.dot(q, k, input_precision=DOT_PRECISION)
         if CAUSAL_MASK or BOUNDS:
             keep = keys[None, :] < seq
             if CAUSAL_MASK:
                 keep = keep & (keys[None, :] <= offs_m[:, None])
             s = tl.where(keep, s, float("-inf"))
-        # Every row has met key 0 in the first block it saw, so m_new is finite.
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
+        # Every row has met key 0 in the first block it saw, so m_new is finite. The scale is
+        # applied to the row max and inside exp2's argument (one FMA per logit), not to S.
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         if BOUNDS:
@@ -148,7 +157,10 @@ def attention_forward_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    start_m = tl.program_id(0) * BLOCK_M
+    if CAUSAL:  # the longest query blocks (most keys) first: a shorter tail of the grid
+        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    else:
+        start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     offset = (bh // heads).to(tl.int64) * stride_b + (bh % heads).to(tl.int64) * stride_h
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -380,6 +392,8 @@ def _backward(q, k, v, o, lse, do, causal: bool, config: AttentionConfig):
         q, k, v, do, lse, delta, dk, dv, *strides, heads, seq, scale * LOG2E, scale,
         BLOCK_M=config.block_m1, BLOCK_N=config.block_n1, **common)
     dq = frameworks.torch_empty(q.shape, q.dtype, q.device)
+    common.update(num_warps=config.dq_num_warps or config.bwd_num_warps,
+                  num_stages=config.dq_num_stages or config.bwd_num_stages)
     attention_backward_kernel_dq[(triton.cdiv(seq, config.block_m2), batch * heads)](
         q, k, v, do, lse, delta, dq, *strides, heads, seq, scale * LOG2E, scale,
         BLOCK_M=config.block_m2, BLOCK_N=config.block_n2, **common)
