@@ -1,6 +1,7 @@
 """Tuning: selection and record logic with a fake timer (no GPU needed)."""
 
 import dataclasses
+import functools
 import json
 
 import pytest
@@ -83,3 +84,24 @@ def test_tune_command_without_gpu_says_what_it_needs(capsys):
 def test_tune_command_rejects_unknown_impl(capsys):
     assert cli.main(["tune", "matmul", "--impl", "nope"]) == 2
     assert "--impl: expected one of" in capsys.readouterr().err
+
+
+def test_triton_attention_picks_its_config_by_gpu_head_dim_and_causal(monkeypatch):
+    """The H100's head_dim 64 backward config ran the causal backward at 0.22x cuDNN: causal
+    must keep the defaults there; an unknown GPU gets the generic config."""
+    import torch
+
+    from kernels.ops.attention import triton as attention_triton
+
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    h100 = attention_triton.CONFIGS["NVIDIA H100 80GB HBM3"]
+    pick = functools.partial(attention_triton.default_config, torch.bfloat16)
+    assert pick(64, cuda, False) == h100[(64, False)]
+    assert pick(64, cuda, True) == h100[64] == attention_triton.AttentionConfig()
+    assert pick(128, cuda, True) == pick(128, cuda, False) == h100[128]
+    assert pick(64, torch.device("cpu"), False) == attention_triton.INTERPRETER_CONFIG
+    assert attention_triton.default_config(torch.float32, 64, cuda) == \
+        attention_triton.FLOAT32_CONFIG
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some Future GPU")
+    assert pick(64, cuda, False) == attention_triton.GENERIC_CONFIG

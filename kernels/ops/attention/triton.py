@@ -84,11 +84,14 @@ class AttentionConfig:
 # 476 non-causal but 405 vs 424 causal); its backward with 64-wide dK/dV steps at 349 TFLOP/s
 # (32 x 128 with 4 warps: 165), 368 with 3 pipeline stages instead of 2. head_dim 64 (sweep of
 # 2026-11-25, CUPTI against cuDNN in the same run; perf_tests/RESULTS.md): the backward with
-# 64-query dK/dV steps 0.704x -> 0.759x cuDNN, and a dQ kernel of 64-key steps, 8 warps, 4
-# stages 0.745x; forward tiles, warps and stages around the defaults were all slower.
+# 64-query dK/dV steps 0.704x -> 0.759x cuDNN, with a dQ kernel of 64-key steps, 8 warps and
+# 4 stages too 0.798x; but the same config ran the causal backward at 0.22x (2.29 ms against
+# cuDNN's 0.51 ms), so causal keeps the defaults. Forward tiles, warps and stages around the
+# defaults were all slower. Keys: (head_dim, causal), or head_dim for both.
 CONFIGS = {
     "NVIDIA H100 80GB HBM3": {
-        64: AttentionConfig(block_m1=64, block_n2=64, dq_num_warps=8, dq_num_stages=4),
+        (64, False): AttentionConfig(block_m1=64, block_n2=64, dq_num_warps=8, dq_num_stages=4),
+        64: AttentionConfig(),
         128: AttentionConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, block_m1=64,
                              block_n1=128, block_m2=128, block_n2=64, bwd_num_warps=8,
                              bwd_num_stages=3),
@@ -105,12 +108,14 @@ INTERPRETER_CONFIG = AttentionConfig(block_m=32, block_n=16, num_warps=4, num_st
                                      bwd_num_warps=4, bwd_num_stages=1)
 
 
-def default_config(dtype: torch.dtype, head_dim: int, device: torch.device) -> AttentionConfig:
+def default_config(dtype: torch.dtype, head_dim: int, device: torch.device,
+                   causal: bool = False) -> AttentionConfig:
     if device.type != "cuda":
         return INTERPRETER_CONFIG
     if dtype == torch.float32:
         return FLOAT32_CONFIG
-    return CONFIGS.get(torch.cuda.get_device_name(device), {}).get(head_dim, GENERIC_CONFIG)
+    tuned = CONFIGS.get(torch.cuda.get_device_name(device), {})
+    return tuned.get((head_dim, causal), tuned.get(head_dim, GENERIC_CONFIG))
 
 
 @triton.jit
@@ -437,7 +442,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     for name, x in (("q", q), ("k", k), ("v", v)):
         validation.check_index_range(name, x)
     q, k, v = (x.contiguous() for x in (q, k, v))
-    config = config or default_config(q.dtype, q.shape[-1], q.device)
+    config = config or default_config(q.dtype, q.shape[-1], q.device, bool(causal))
     return FlashAttention.apply(q, k, v, bool(causal), config)
 
 
