@@ -88,7 +88,8 @@ def test_tune_command_rejects_unknown_impl(capsys):
 
 def test_triton_attention_picks_its_config_by_gpu_head_dim_and_causal(monkeypatch):
     """The H100's head_dim 64 backward config ran the causal backward at 0.22x cuDNN: causal
-    must keep the defaults there; an unknown GPU gets the generic config."""
+    must keep the defaults there. Another sm_90 GPU (the H200) takes the H100's configs (the
+    generic ones ran its head_dim 128 backward at 0.30x); other GPUs the generic config."""
     import torch
 
     from kernels.ops.attention import triton as attention_triton
@@ -103,5 +104,9 @@ def test_triton_attention_picks_its_config_by_gpu_head_dim_and_causal(monkeypatc
     assert pick(64, torch.device("cpu"), False) == attention_triton.INTERPRETER_CONFIG
     assert attention_triton.default_config(torch.float32, 64, cuda) == \
         attention_triton.FLOAT32_CONFIG
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some Future GPU")
-    assert pick(64, cuda, False) == attention_triton.GENERIC_CONFIG
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert pick(128, cuda, False) == h100[128]
+    assert pick(64, cuda, False) == h100[(64, False)]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert pick(128, cuda, False) == attention_triton.GENERIC_CONFIG
