@@ -117,22 +117,26 @@ _H100_FLOORS = (
     *_floors("softmax", ("pallas", "triton"), "roofline", 0.35,
              "rows of 32768: two passes read y and dy twice (5 arrays moved, 3 counted: <= "
              "0.6 of the roof); run 1 0.53-0.55", direction="bwd", case="4096x32768"),
-    # Attention: compute-bound; the best baseline is jax's cuDNN in every recorded run.
+    # Attention: compute-bound; the best baseline is jax's cuDNN in every recorded run. Ranges
+    # of 2026-11-25 are over the "bench" cases (hd128, hd128 causal, hd64), H100 and H200,
+    # CUPTI, cuDNN in the same run (perf_tests/RESULTS.md).
     *_floors("attention", "pallas_mosaic", "baseline", 0.60,
-             "0.84-1.03x cuDNN fwd by CUPTI, 0.72x with its samples throttled (issue 18); "
-             "goal 0.95x", direction="fwd"),
-    *_floors("attention", "pallas_mosaic", "baseline", 0.60,
-             "0.76-0.87x cuDNN bwd by CUPTI, throttled runs included (issue 18); goal 0.9x",
+             "0.84-0.97x cuDNN fwd by CUPTI (2026-11-25), 0.72x with its samples throttled "
+             "(issue 18); goal 0.95x", direction="fwd"),
+    *_floors("attention", "pallas_mosaic", "baseline", 0.64,
+             "0.80-0.87x cuDNN bwd by CUPTI (2026-11-25, 128-key dQ blocks); goal 0.9x",
              direction="bwd"),
-    *_floors("attention", "triton", "baseline", 0.55,
-             "0.68-0.83x cuDNN fwd (0.72x by CUPTI, hd64 0.83x); goal 0.8x", direction="fwd"),
-    *_floors("attention", "triton", "baseline", 0.50,
-             "0.63-0.71x cuDNN bwd (3 pipeline stages); goal 0.75x", direction="bwd"),
-    *_floors("attention", "pallas_triton", "baseline", 0.45,
-             "0.57-0.65x cuDNN fwd (deprecated lowering, kept tuned); goal 0.65x",
+    *_floors("attention", "triton", "baseline", 0.57,
+             "0.71-0.90x cuDNN fwd by CUPTI (2026-11-25, scale folded into exp2); goal 0.8x",
              direction="fwd"),
+    *_floors("attention", "triton", "baseline", 0.50,
+             "0.64-0.80x cuDNN bwd by CUPTI (2026-11-25, H100 and H200); goal 0.75x",
+             direction="bwd"),
+    *_floors("attention", "pallas_triton", "baseline", 0.53,
+             "0.66-0.77x cuDNN fwd by CUPTI (2026-11-25, unmasked leading loop; 0.55-0.61x "
+             "before); goal 0.65x", direction="fwd"),
     *_floors("attention", "pallas_triton", "baseline", 0.40,
-             "0.50-0.57x cuDNN bwd", direction="bwd"),
+             "0.48-0.56x cuDNN bwd by CUPTI (2026-11-25, H100 and H200)", direction="bwd"),
     # Matmul: compute-bound; best baseline XLA or torch (cuBLAS).
     *_floors("matmul", "pallas_mosaic", "baseline", 0.70,
              "bf16 8192^3 0.98x XLA by CUPTI, same run; run 1: 0.98x at 8192^3 and 4096^3",
