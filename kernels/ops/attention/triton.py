@@ -8,8 +8,8 @@ Exponentials are exp2 with log2(e) folded into the scale, applied in the
 same FMA that subtracts the row max. Under the causal mask, key blocks
 entirely above the diagonal are skipped, only blocks on the diagonal or past
 the end of a ragged sequence pay for a mask, and the longest query blocks
-are launched first. The
-log-sum-exp per query row (base 2, scaled logits) is saved for the backward.
+are launched first. The log-sum-exp per query row (base 2, scaled logits) is
+saved for the backward.
 
 Backward (Algorithm 2, split in two kernels so neither needs atomics):
 delta = rowsum(dO * O) first; then one program per key block accumulates
@@ -45,8 +45,8 @@ class AttentionConfig:
     Forward: block_m queries per program, block_n keys per step. dK/dV:
     block_n1 keys per program, block_m1 queries per step. dQ: block_m2 queries
     per program, block_n2 keys per step, with its own warps and stages when
-    dq_num_warps / dq_num_stages are set (0: those of dK/dV). Causal masking of a diagonal block
-    assumes block_m % block_n == 0, block_n1 % block_m1 == 0 and
+    dq_num_warps / dq_num_stages are set (0: those of dK/dV). Causal masking of
+    a diagonal block assumes block_m % block_n == 0, block_n1 % block_m1 == 0 and
     block_m2 % block_n2 == 0 (each step then lies on or off the diagonal).
     """
 
