@@ -7,7 +7,7 @@ from kernels import gpu_sweep
 def test_a_run_killed_by_a_signal_fails_the_sweep(tmp_path, monkeypatch, capsys):
     rows = [["pytest under memcheck", "cold cache", "killed by SIGSEGV", "31 s"],
             ["pytest under memcheck", "warm cache", "exit 0", "64 s"]]
-    monkeypatch.setattr(gpu_sweep, "part_sanitizer", lambda out, minutes: rows)
+    monkeypatch.setattr(gpu_sweep, "part_sanitizer", lambda out, minutes, cold_runs: rows)
     assert gpu_sweep.main(["--part", "sanitizer", "--out", str(tmp_path)]) == 1
     assert "killed by SIGSEGV" in (tmp_path / "gpu_sweep.txt").read_text()
     rows[0][2] = "exit 0"
@@ -28,3 +28,30 @@ def test_where_a_dead_run_stopped(tmp_path):
     log.write_text("correctness_tests/test_b.py::test_two[y] \n")
     assert "no sanitizer error summary" in gpu_sweep._where_it_stopped(log, "killed by SIGSEGV")
     assert gpu_sweep._where_it_stopped(log, "exit 0") == ""
+
+
+def test_where_a_segfault_struck_in_python(tmp_path):
+    """faulthandler's report (PYTHONFAULTHANDLER=1 in the sanitizer runs) names the innermost
+    Python frame of the current thread, not another thread's."""
+    log = tmp_path / "run.log"
+    log.write_text("correctness_tests/test_b.py::test_two[y] \n"
+                   "Fatal Python error: Segmentation fault\n\n"
+                   "Current thread 0x00007f (most recent call first):\n"
+                   '  File "/x/jax/_src/compiler.py", line 335 in backend_compile\n'
+                   '  File "/x/jax/_src/pjit.py", line 10 in _pjit_call\n\n'
+                   "Thread 0x00007e (most recent call first):\n"
+                   '  File "/x/threading.py", line 1 in wait\n')
+    where = gpu_sweep._where_it_stopped(log, "killed by SIGSEGV")
+    assert where.endswith('Segmentation fault in File "/x/jax/_src/compiler.py", line 335 in '
+                          "backend_compile"), where
+    log.write_text("Fatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call "
+                   "first):\n  <no Python frame>\n")
+    assert "Aborted in no Python frame" in gpu_sweep._where_it_stopped(log, "exit 134")
+
+
+def test_cold_runs_must_be_positive(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        gpu_sweep.main(["--part", "sanitizer", "--cold-runs", "0"])
+    assert "--cold-runs: expected at least 1, got 0" in capsys.readouterr().err

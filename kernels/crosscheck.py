@@ -332,19 +332,20 @@ def dram_bytes_check(op: str, impl: str, case: str) -> str:
             f"({dram / work.bytes:.3f}x) {verdict}")
 
 
-def _timeable(op: str, impl: str, case: str):
+def _timeable(op: str, impl: str, case: str, direction: str = "fwd"):
     from kernels import registry, timing
 
-    return timing.prepare(registry.implementation(op, impl), registry.operation(op).case(case))
+    return timing.prepare(registry.implementation(op, impl), registry.operation(op).case(case),
+                          direction=direction)
 
 
-def _run_calls(op: str, impl: str, case: str, calls: int) -> None:
+def _run_calls(op: str, impl: str, case: str, calls: int, direction: str = "fwd") -> None:
     """Warm up, then `calls` calls inside cudaProfilerStart/Stop (what ncu profiles)."""
     import torch
 
     from kernels import frameworks, timing
 
-    timeable = _timeable(op, impl, case)
+    timeable = _timeable(op, impl, case, direction)
     fw = frameworks.framework("jax" if timeable.framework == "jax" else "torch")
     for _ in range(timing.WARMUP_CALLS):
         fw.synchronize(timeable.fn(*timeable.args))
@@ -371,10 +372,12 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("impl")
         command.add_argument("case")
         command.add_argument("--calls", type=int, default=10)
+        if name == "run":
+            command.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
     sub.add_parser("cost", help="analytic work vs XLA cost_analysis for the XLA baselines")
     args = parser.parse_args(argv)
     if args.command == "run":
-        _run_calls(args.op, args.impl, args.case, args.calls)
+        _run_calls(args.op, args.impl, args.case, args.calls, args.direction)
     elif args.command == "trace":
         timeable = _timeable(args.op, args.impl, args.case)
         traced = trace_kernel_time if timeable.framework == "jax" else torch_profiler_kernel_time

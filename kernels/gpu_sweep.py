@@ -187,23 +187,33 @@ def part_api(out: pathlib.Path, jobs: int) -> list[list[str]]:
         return list(pool.map(lambda call: _api_row(*call), calls))
 
 
-def part_sanitizer(out: pathlib.Path, minutes: float) -> list[list[str]]:
+def part_sanitizer(out: pathlib.Path, minutes: float, cold_runs: int = 1) -> list[list[str]]:
     sanitizer = shutil.which("compute-sanitizer")
     if sanitizer is None:
         return [["compute-sanitizer", "-", "not found", "install the CUDA toolkit's sanitizer"]]
     rows = []
-    cache = pathlib.Path(tempfile.mkdtemp(prefix="kernelperf-jax-cache-"))
     base = [sanitizer, "--tool", "memcheck", "--kernel-name", "kns=kernelperf_"]
     pytest = [sys.executable, "-m", "pytest", "-m", "cuda and small", "-p", "no:xdist", "-v",
               "-x"]
-    env = dict(os.environ, KERNELPERF_COMPILATION_CACHE=str(cache))
     limit = int(minutes * 60)
-    for state in ("cold", "warm"):
-        log = out / f"sanitizer_pytest_{state}.log"
-        status, seconds = _run(base + pytest, log, env, limit)
+    # The fault is intermittent (2 of 3 sessions): `cold_runs` runs, each with an empty cache;
+    # then a warm one on the last run's cache; then the same tests cold without the sanitizer,
+    # which says whether the fault needs it. Python's faulthandler names the Python frames
+    # of a segmentation fault in the test process.
+    runs = [(f"cold cache{f' #{i + 1}' if cold_runs > 1 else ''}", True, True)
+            for i in range(cold_runs)]
+    runs += [("warm cache", False, True), ("cold cache, no sanitizer", True, False)]
+    cache = None
+    for state, cold, sanitized in runs:
+        if cold:
+            cache = pathlib.Path(tempfile.mkdtemp(prefix="kernelperf-jax-cache-"))
+        env = dict(os.environ, KERNELPERF_COMPILATION_CACHE=str(cache), PYTHONFAULTHANDLER="1")
+        name = "".join(c if c.isalnum() else "_" for c in state)
+        log = out / f"sanitizer_pytest_{name}.log"
+        status, seconds = _run((base if sanitized else []) + pytest, log, env, limit)
         detail = f"{seconds:.0f} s; cache holds {sum(1 for _ in cache.rglob('*'))} files"
-        rows.append(["pytest -m 'cuda and small' under memcheck", f"{state} cache", status,
-                     detail + _where_it_stopped(log, status)])
+        label = "pytest -m 'cuda and small'" + (" under memcheck" if sanitized else "")
+        rows.append([label, state, status, detail + _where_it_stopped(log, status)])
         print("  " + " | ".join(rows[-1]), file=sys.stderr, flush=True)
     probes = {
         "jax jit (x + 1)": "import jax, jax.numpy as jnp; "
@@ -233,7 +243,8 @@ def part_sanitizer(out: pathlib.Path, minutes: float) -> list[list[str]]:
 
 def _where_it_stopped(log: pathlib.Path, status: str) -> str:
     """For a run that did not exit 0: the last test pytest started (its -v lines name each
-    before running it) and the sanitizer's error count, if it lived to report one."""
+    before running it), the sanitizer's error count if it lived to report one, and the
+    innermost Python frame faulthandler printed for a fatal signal, if it printed one."""
     if status == "exit 0":
         return ""
     lines = log.read_text(errors="replace").splitlines()
@@ -242,7 +253,15 @@ def _where_it_stopped(log: pathlib.Path, status: str) -> str:
     summaries = re.findall(r"ERROR SUMMARY: (\d+) error", "\n".join(lines))
     errors = (f"sanitizer errors: {summaries[-1]}" if summaries
               else "no sanitizer error summary (it died before writing one)")
-    return f"; last test started: {started[-1] if started else 'none'}; {errors}"
+    where = f"; last test started: {started[-1] if started else 'none'}; {errors}"
+    fatal = [i for i, line in enumerate(lines) if line.startswith("Fatal Python error")]
+    if fatal:
+        # faulthandler: "Fatal Python error: Segmentation fault", then each thread's stack,
+        # the current thread's first, its innermost frame first.
+        frames = [line.strip() for line in lines[fatal[-1]:] if line.strip().startswith("File ")]
+        where += f"; {lines[fatal[-1]][len('Fatal Python error: '):]} in " + (
+            frames[0] if frames else "no Python frame (native code)")
+    return where
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,6 +270,7 @@ class Options:
     out: pathlib.Path
     sanitizer_minutes: float
     jobs: int
+    cold_runs: int
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -260,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu_sweep_out"))
     parser.add_argument("--sanitizer-minutes", type=float, default=4.0,
                         help="time limit of each sanitizer run")
+    parser.add_argument("--cold-runs", type=int, default=1,
+                        help="sanitizer part: runs with an empty JAX cache (the fault is "
+                             "intermittent)")
     parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
                         help="api part: child processes at a time (default: 8 or the CPUs)")
     parser.add_argument("--child", nargs=3, metavar=("OP", "IMPL", "KIND"), help=argparse.SUPPRESS)
@@ -269,15 +292,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from kernels.cli import table
 
-    if args.jobs < 1:
-        parser.error(f"--jobs: expected at least 1, got {args.jobs}")
+    for flag, value in (("--jobs", args.jobs), ("--cold-runs", args.cold_runs)):
+        if value < 1:
+            parser.error(f"{flag}: expected at least 1, got {value}")
     if args.part in ("api", "all"):
         import torch
 
         if not torch.cuda.is_available():
             parser.error("--part api: expected a machine with a CUDA GPU, got none visible "
                          "to torch")
-    options = Options(args.part, pathlib.Path(args.out), args.sanitizer_minutes, args.jobs)
+    options = Options(args.part, pathlib.Path(args.out), args.sanitizer_minutes, args.jobs,
+                      args.cold_runs)
     options.out.mkdir(parents=True, exist_ok=True)
     report, failed = [], False
     if options.part in ("api", "all"):
@@ -285,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         report.append(table(rows, ["kernel", "input", "outcome", "detail"]))
         failed |= any(row[2] not in ("correct", "clear error") for row in rows)
     if options.part in ("sanitizer", "all"):
-        rows = part_sanitizer(options.out, options.sanitizer_minutes)
+        rows = part_sanitizer(options.out, options.sanitizer_minutes, options.cold_runs)
         report.append(table(rows, ["run", "state", "status", "detail"]))
         failed |= any(row[2] != "exit 0" for row in rows)
     text = "\n\n".join(report)

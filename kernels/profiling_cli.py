@@ -1,5 +1,5 @@
-"""`python -m kernels profile | memory | hlo`: XProf traces, peak memory and HLO guards of any
-registered JAX implementation."""
+"""`python -m kernels profile | memory | hlo | bottleneck`: XProf traces, peak memory and HLO
+guards of any registered JAX implementation; Nsight Compute's verdict on any GPU one."""
 
 from __future__ import annotations
 
@@ -142,9 +142,52 @@ def cmd_hlo(args: argparse.Namespace) -> int:
     return 1 if broken else 0
 
 
+def cmd_bottleneck(args: argparse.Namespace) -> int:
+    """Nsight Compute over one call of each implementation and direction: a line per kernel
+    saying what bounds it (kernels.bottleneck)."""
+    import pathlib
+
+    from kernels import bottleneck, devices, registry
+    from kernels.cli import table
+
+    op = registry.operation(args.op)
+    case = op.case(args.case)
+    impls = [registry.implementation(op.name, n) for n in args.impl]
+    machine = devices.this_machine()
+    if not machine.has_gpu:
+        raise SystemExit("bottleneck: expected a machine with a CUDA GPU (ncu reads its "
+                         "counters), got none")
+    ncu = bottleneck.ncu_path()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"machine: {machine.describe()}", flush=True)
+    rows, failed = [], 0
+    for impl in impls:
+        reason = devices.case_unavailable_reason(impl, case, machine)
+        for direction in args.direction:
+            if reason is None and not registry.has_direction(impl, direction):
+                reason = f"has no {direction}"
+            if reason:
+                rows.append([impl.name, f"skipped: {reason}"] + ["-"] * 12)
+                continue
+            print(f"  ncu: {impl.name} {case.id} {direction} ...", file=sys.stderr, flush=True)
+            try:
+                report, kernels = bottleneck.profile(op.name, impl.name, case.id, direction,
+                                                     out, ncu)
+            except RuntimeError as error:
+                failed += 1
+                rows.append([impl.name, f"FAILED: {error}"[:200]] + ["-"] * 12)
+                continue
+            rows.extend(bottleneck.rows(f"{impl.name} {direction}", kernels))
+            print(f"  report: {report}", file=sys.stderr, flush=True)
+    print(table(rows, bottleneck.HEADER))
+    return 1 if failed else 0
+
+
 def add_commands(sub: argparse._SubParsersAction) -> dict[str, Callable[[argparse.Namespace],
                                                                          int]]:
-    """Add `profile`, `memory` and `hlo` to the CLI's subparsers; their handlers by name."""
+    """Add `profile`, `memory`, `hlo` and `bottleneck` to the CLI's subparsers; their handlers
+    by name."""
     profile = sub.add_parser("profile", help="XProf trace of implementations on one case, "
                                              "and the top kernels by device time")
     profile.add_argument("op")
@@ -168,4 +211,15 @@ def add_commands(sub: argparse._SubParsersAction) -> dict[str, Callable[[argpars
     hlo.add_argument("--impl", action="append")
     hlo.add_argument("--case", action="append", help="case id (repeatable)")
     hlo.add_argument("--tags", nargs="+", default=["cpu"], help="case sets (default: cpu)")
-    return {"profile": cmd_profile, "memory": cmd_memory, "hlo": cmd_hlo}
+
+    neck = sub.add_parser("bottleneck", help="Nsight Compute over one call: what bounds each "
+                                             "kernel (GPU)")
+    neck.add_argument("op")
+    neck.add_argument("--impl", action="extend", nargs="+", required=True,
+                      help="implementation names")
+    neck.add_argument("--case", required=True, help="case id, e.g. bf16-4x4096x16x128")
+    neck.add_argument("--direction", nargs="+", choices=("fwd", "bwd"), default=["fwd"])
+    neck.add_argument("--out", default="traces/bottleneck",
+                      help="folder for the .ncu-rep reports and ncu's rule text")
+    return {"profile": cmd_profile, "memory": cmd_memory, "hlo": cmd_hlo,
+            "bottleneck": cmd_bottleneck}

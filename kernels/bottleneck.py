@@ -1,0 +1,276 @@
+"""What bounds each kernel of an implementation: Nsight Compute's hardware counters over one
+call, reduced to a line per kernel and a verdict.
+
+`python -m kernels bottleneck attention --impl pallas_mosaic cudnn --case bf16-4x4096x16x128
+--direction fwd bwd` runs, for each implementation and direction, one process under
+`ncu --profile-from-start off` (the call is warmed up first, so compilation and autotuning
+kernels are not profiled; `kernels.crosscheck run` is the child), with the sections below,
+the caches flushed before each kernel (as the cold regime does) and the clocks left alone
+(ncu's default would lock them to base; the GPU's settings are not ours to change). The
+report (`.ncu-rep`, for Nsight Compute's source and warp-state views) and ncu's own rule
+text (`--page details`) are kept beside the table.
+
+Per kernel: its time and share of the call; SM and memory throughput against peak (ncu's
+speed-of-light); the tensor pipe's and the busiest other pipe's share of their peak (the
+exponentials of a softmax run on `xu`, its multiplies and adds on `fma`/`alu`); issue
+slots busy; registers per thread, shared memory per block and achieved occupancy; the three
+largest warp stall reasons (cycles per issued instruction). The verdict, in this order:
+- "tensor pipe": the tensor pipe at TENSOR_BOUND of peak or more; the matmuls run near
+  peak and only fewer or cheaper matmuls go faster;
+- "latency (<stall>)": neither SM nor memory throughput reaches LATENCY_BELOW of peak, so
+  warps wait (on the stall named) more than any unit is busy;
+- "memory (<unit>)": memory throughput above SM throughput; the unit is DRAM or L1/shared,
+  whichever is nearer its peak;
+- "SM (<pipe>)": otherwise, the busiest pipe, or issue slots when they are busier.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+from kernels import validation
+
+SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis",
+            "MemoryWorkloadAnalysis_Tables", "LaunchStats", "Occupancy", "SchedulerStats",
+            "WarpStateStats")
+TENSOR_BOUND = 70.0
+LATENCY_BELOW = 50.0
+NCU_TIMEOUT_S = 900
+
+_TIME_SCALE_NS = {"nsecond": 1.0, "usecond": 1e3, "msecond": 1e6, "second": 1e9}
+_BYTES_SCALE = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Kibyte": 1024.0,
+                "Mibyte": 1024.0 ** 2}
+_PIPE = re.compile(r"^sm__(?:inst_executed_pipe|pipe)_(\w+?)(?:_cycles_active)?"
+                   r"\.avg\.pct_of_peak_sustained_active$")
+_STALL = re.compile(r"^smsp__average_warps?_(?:latency_)?issue_stalled_(\w+?)"
+                    r"(?:_per_issue_active)?\.ratio$")
+# Pipes that are sums or shares of others: the busiest pipe is a real one.
+_PIPE_AGGREGATES = ("shared", "fp64", "tensor")
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """One profiled kernel: its name and every raw metric ncu gave (units kept)."""
+
+    name: str
+    values: dict[str, float]
+    units: dict[str, str]
+
+    def get(self, *names: str) -> float | None:
+        """The first of `names` that ncu reported."""
+        return next((self.values[n] for n in names if n in self.values), None)
+
+    @property
+    def time_ns(self) -> float | None:
+        value = self.get("gpu__time_duration.sum")
+        return None if value is None else value * _TIME_SCALE_NS.get(
+            self.units.get("gpu__time_duration.sum", "nsecond"), 1.0)
+
+    @property
+    def sm_pct(self) -> float | None:
+        return self.get("sm__throughput.avg.pct_of_peak_sustained_elapsed")
+
+    @property
+    def memory_pct(self) -> float | None:
+        return self.get("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+                        "gpu__memory_throughput.avg.pct_of_peak_sustained_elapsed")
+
+    @property
+    def issue_pct(self) -> float | None:
+        return self.get("smsp__issue_active.avg.pct_of_peak_sustained_active")
+
+    def pipes(self) -> dict[str, float]:
+        """Each pipe's busiest reading (instructions or cycles) against its peak, in %."""
+        found: dict[str, float] = {}
+        for name, value in self.values.items():
+            match = _PIPE.match(name)
+            if match:
+                pipe = match.group(1)
+                found[pipe] = max(found.get(pipe, 0.0), value)
+        return found
+
+    @property
+    def tensor_pct(self) -> float | None:
+        tensor = [v for pipe, v in self.pipes().items() if "tensor" in pipe]
+        return max(tensor) if tensor else None
+
+    def busiest_pipe(self) -> tuple[str, float] | None:
+        others = {pipe: v for pipe, v in self.pipes().items()
+                  if not any(word in pipe for word in _PIPE_AGGREGATES)}
+        return max(others.items(), key=lambda item: item[1]) if others else None
+
+    def stalls(self, top: int = 3) -> list[tuple[str, float]]:
+        """The largest warp stall reasons: cycles per issued instruction spent on each."""
+        found = {}
+        for name, value in self.values.items():
+            match = _STALL.match(name)
+            if match and "not_issued" not in name:
+                found[match.group(1)] = value
+        return sorted(found.items(), key=lambda item: -item[1])[:top]
+
+    @property
+    def shared_bytes(self) -> float | None:
+        parts = [(self.values[n], self.units.get(n, "byte")) for n in (
+            "launch__shared_mem_per_block_dynamic", "launch__shared_mem_per_block_static")
+            if n in self.values]
+        return sum(v * _BYTES_SCALE.get(u, 1.0) for v, u in parts) if parts else None
+
+    def verdict(self) -> str:
+        tensor, sm, memory = self.tensor_pct, self.sm_pct, self.memory_pct
+        if tensor is not None and tensor >= TENSOR_BOUND:
+            return "tensor pipe"
+        if sm is None or memory is None:
+            return "unknown (ncu gave no speed-of-light)"
+        if max(sm, memory) < LATENCY_BELOW:
+            stalls = self.stalls(1)
+            return f"latency ({stalls[0][0]})" if stalls else "latency"
+        if memory > sm:
+            dram = self.get("dram__throughput.avg.pct_of_peak_sustained_elapsed") or 0.0
+            l1 = self.get("l1tex__throughput.avg.pct_of_peak_sustained_active",
+                          "l1tex__throughput.avg.pct_of_peak_sustained_elapsed") or 0.0
+            return f"memory ({'DRAM' if dram >= l1 else 'L1/shared'})"
+        pipe = self.busiest_pipe()
+        issue = self.issue_pct
+        if pipe is None or (issue is not None and issue > pipe[1]):
+            return "SM (issue slots)"
+        return f"SM ({pipe[0]})"
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None  # "n/a", empty, or a string metric (a name, a device)
+
+
+def parse_raw_csv(text: str) -> list[Kernel]:
+    """Kernels from `ncu --import R --csv --page raw`: a header row ("ID", ..., "Kernel Name",
+    then one column per metric), a row of units, then a row per kernel in launch order. The
+    long layout (a row per kernel and metric, as `--page details` gives) is read too."""
+    start = text.find('"ID"')
+    if start < 0:
+        raise ValueError("ncu output has no CSV table (did it profile any kernel?)")
+    rows = list(csv.reader(io.StringIO(text[start:])))
+    header = rows[0]
+    if "Metric Name" in header:
+        return _parse_long(rows)
+    name_at = header.index("Kernel Name")
+    units = rows[1] if len(rows) > 1 and not rows[1][0].strip().isdigit() else None
+    kernels = []
+    for row in rows[2 if units else 1:]:
+        if len(row) != len(header):
+            continue
+        values, unit_of = {}, {}
+        for index, column in enumerate(header):
+            number = _number(row[index])
+            if number is not None and column != "ID":
+                values[column] = number
+                unit_of[column] = units[index] if units else ""
+        kernels.append(Kernel(row[name_at], values, unit_of))
+    return kernels
+
+
+def _parse_long(rows: list[list[str]]) -> list[Kernel]:
+    header = rows[0]
+    column = {name: header.index(name) for name in ("ID", "Kernel Name", "Metric Name",
+                                                    "Metric Unit", "Metric Value")}
+    by_id: dict[str, Kernel] = {}
+    for row in rows[1:]:
+        if len(row) != len(header):
+            continue
+        kernel = by_id.setdefault(row[column["ID"]], Kernel(row[column["Kernel Name"]], {}, {}))
+        number = _number(row[column["Metric Value"]])
+        if number is not None:
+            kernel.values[row[column["Metric Name"]]] = number
+            kernel.units[row[column["Metric Name"]]] = row[column["Metric Unit"]]
+    return list(by_id.values())
+
+
+def _short(name: str, width: int = 48) -> str:
+    name = re.sub(r"\(.*", "", name)  # C++ parameter lists
+    return name if len(name) <= width else name[:width - 3] + "..."
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def rows(label: str, kernels: list[Kernel]) -> list[list[str]]:
+    """Table rows for one implementation and direction, longest kernel first."""
+    total = sum(k.time_ns or 0.0 for k in kernels) or 1.0
+    out = []
+    for kernel in sorted(kernels, key=lambda k: -(k.time_ns or 0.0)):
+        pipe = kernel.busiest_pipe()
+        shared = kernel.shared_bytes
+        stalls = ", ".join(f"{reason} {cycles:.1f}" for reason, cycles in kernel.stalls())
+        registers = kernel.get("launch__registers_per_thread")
+        out.append([
+            label, _short(kernel.name),
+            "-" if kernel.time_ns is None else f"{kernel.time_ns / 1e3:.1f}",
+            f"{100 * (kernel.time_ns or 0.0) / total:.0f}",
+            _pct(kernel.sm_pct), _pct(kernel.memory_pct), _pct(kernel.tensor_pct),
+            "-" if pipe is None else f"{pipe[0]} {pipe[1]:.0f}", _pct(kernel.issue_pct),
+            "-" if registers is None else f"{registers:.0f}",
+            "-" if shared is None else f"{shared / 1024:.0f}",
+            _pct(kernel.get("sm__warps_active.avg.pct_of_peak_sustained_active")),
+            stalls or "-", kernel.verdict()])
+    return out
+
+
+HEADER = ["implementation", "kernel", "us", "% of call", "SM %", "mem %", "tensor %",
+          "busiest pipe %", "issue %", "regs", "smem KiB", "occupancy %",
+          "top stalls (cycles/issue)", "bound by"]
+
+
+def ncu_path() -> str:
+    """ncu on PATH, else the CUDA toolkit's; a UserError naming where it looked."""
+    found = shutil.which("ncu")
+    if found:
+        return found
+    for candidate in (os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"):
+        path = pathlib.Path(candidate, "bin", "ncu")
+        if candidate and path.is_file():
+            return str(path)
+    raise validation.UserError("ncu: expected Nsight Compute's ncu on PATH or in "
+                               "$CUDA_HOME/bin or /usr/local/cuda/bin, found none")
+
+
+def profile_command(ncu: str, report: pathlib.Path, op: str, impl: str, case: str,
+                    direction: str) -> list[str]:
+    """ncu over one warmed-up call of `impl` on `case` in `direction`, saved to `report`."""
+    sections = [arg for section in SECTIONS for arg in ("--section", section)]
+    return [ncu, "--profile-from-start", "off", "--cache-control", "all", "--clock-control",
+            "none", "--force-overwrite", "--export", str(report), *sections,
+            sys.executable, "-m", "kernels.crosscheck", "run", op, impl, case, "--calls", "1",
+            "--direction", direction]
+
+
+def profile(op: str, impl: str, case: str, direction: str, out: pathlib.Path,
+            ncu: str | None = None) -> tuple[pathlib.Path, list[Kernel]]:
+    """Run ncu on one call; the report's path and its kernels. The rule text ncu prints for
+    each section goes to `<report>.details.txt`."""
+    ncu = ncu or ncu_path()
+    report = out / f"{op}-{impl}-{case}-{direction}.ncu-rep"
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    run = subprocess.run(profile_command(ncu, report, op, impl, case, direction),
+                         capture_output=True, text=True, env=env, timeout=NCU_TIMEOUT_S)
+    log = out / f"{report.stem}.log"
+    log.write_text(run.stdout + run.stderr)
+    if run.returncode or not report.exists():
+        raise RuntimeError(f"ncu on {impl} {case} {direction} exited {run.returncode}; its "
+                           f"output is in {log}: {(run.stderr or run.stdout)[-400:]}")
+    raw = subprocess.run([ncu, "--import", str(report), "--csv", "--page", "raw"],
+                         capture_output=True, text=True, check=True, timeout=NCU_TIMEOUT_S)
+    details = subprocess.run([ncu, "--import", str(report), "--page", "details"],
+                             capture_output=True, text=True, timeout=NCU_TIMEOUT_S)
+    (out / f"{report.stem}.details.txt").write_text(details.stdout)
+    (out / f"{report.stem}.raw.csv").write_text(raw.stdout)
+    return report, parse_raw_csv(raw.stdout)
