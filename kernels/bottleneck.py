@@ -13,15 +13,18 @@ text (`--page details`) are kept beside the table.
 Per kernel: its time and share of the call; SM and memory throughput against peak (ncu's
 speed-of-light); the tensor pipe's and the busiest other pipe's share of their peak (the
 exponentials of a softmax run on `xu`, its multiplies and adds on `fma`/`alu`); issue
-slots busy; registers per thread, shared memory per block and achieved occupancy; the three
-largest warp stall reasons (cycles per issued instruction). The verdict, in this order:
+slots busy; DRAM throughput and the L2 hit rate (a grid whose concurrent blocks share no
+inputs streams them from DRAM); registers per thread, local-memory instructions (spills),
+shared memory per block and achieved occupancy; the three largest warp stall reasons (cycles
+per issued instruction). The verdict, in this order:
 - "tensor pipe": the tensor pipe at TENSOR_BOUND of peak or more; the matmuls run near
   peak and only fewer or cheaper matmuls go faster;
 - "latency (<stall>)": neither SM nor memory throughput reaches LATENCY_BELOW of peak, so
   warps wait (on the stall named) more than any unit is busy;
-- "memory (<unit>)": memory throughput above SM throughput; the unit is DRAM or L1/shared,
-  whichever is nearer its peak;
-- "SM (<pipe>)": otherwise, the busiest pipe, or issue slots when they are busier.
+- "memory (<unit>)": memory throughput above SM throughput; the unit is DRAM, L2 or
+  L1/shared, whichever is nearest its peak;
+- "SM (<pipe>)": otherwise, the busiest pipe (tensor included), or the issue slots when
+  they are busier.
 """
 
 from __future__ import annotations
@@ -42,12 +45,14 @@ SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis",
             "MemoryWorkloadAnalysis_Tables", "LaunchStats", "Occupancy", "SchedulerStats",
             "WarpStateStats")
 TENSOR_BOUND = 70.0
-LATENCY_BELOW = 50.0
+LATENCY_BELOW = 60.0
 NCU_TIMEOUT_S = 900
 
-_TIME_SCALE_NS = {"nsecond": 1.0, "usecond": 1e3, "msecond": 1e6, "second": 1e9}
-_BYTES_SCALE = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Kibyte": 1024.0,
-                "Mibyte": 1024.0 ** 2}
+# ncu 2025.3 writes "ms", "us", "ns"; older versions "msecond" and so on. Sizes come per block
+# ("Kbyte/block").
+_TIME_SCALE_NS = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9, "nsecond": 1.0, "usecond": 1e3,
+                  "msecond": 1e6, "second": 1e9}
+_BYTES_SCALE = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
 _PIPE = re.compile(r"^sm__(?:inst_executed_pipe|pipe)_(\w+?)(?:_cycles_active)?"
                    r"\.avg\.pct_of_peak_sustained_active$")
 _STALL = re.compile(r"^smsp__average_warps?_(?:latency_)?issue_stalled_(\w+?)"
@@ -71,8 +76,11 @@ class Kernel:
     @property
     def time_ns(self) -> float | None:
         value = self.get("gpu__time_duration.sum")
-        return None if value is None else value * _TIME_SCALE_NS.get(
-            self.units.get("gpu__time_duration.sum", "nsecond"), 1.0)
+        unit = self.units.get("gpu__time_duration.sum", "ns")
+        if value is not None and unit not in _TIME_SCALE_NS:
+            raise ValueError(f"gpu__time_duration.sum: expected a unit of {list(_TIME_SCALE_NS)}, "
+                             f"got {unit!r}")
+        return None if value is None else value * _TIME_SCALE_NS[unit]
 
     @property
     def sm_pct(self) -> float | None:
@@ -82,6 +90,15 @@ class Kernel:
     def memory_pct(self) -> float | None:
         return self.get("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
                         "gpu__memory_throughput.avg.pct_of_peak_sustained_elapsed")
+
+    def memory_units(self) -> dict[str, float]:
+        """DRAM, L2 and L1/shared throughput against their peaks, in %."""
+        found = {"DRAM": self.get("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+                                 "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+                 "L2": self.get("lts__throughput.avg.pct_of_peak_sustained_elapsed"),
+                 "L1/shared": self.get("l1tex__throughput.avg.pct_of_peak_sustained_active",
+                                       "l1tex__throughput.avg.pct_of_peak_sustained_elapsed")}
+        return {unit: value for unit, value in found.items() if value is not None}
 
     @property
     def issue_pct(self) -> float | None:
@@ -102,9 +119,13 @@ class Kernel:
         tensor = [v for pipe, v in self.pipes().items() if "tensor" in pipe]
         return max(tensor) if tensor else None
 
+    def _other_pipes(self) -> dict[str, float]:
+        return {pipe: v for pipe, v in self.pipes().items()
+                if not any(word in pipe for word in _PIPE_AGGREGATES)}
+
     def busiest_pipe(self) -> tuple[str, float] | None:
-        others = {pipe: v for pipe, v in self.pipes().items()
-                  if not any(word in pipe for word in _PIPE_AGGREGATES)}
+        """The busiest pipe other than the tensor pipe (and other aggregates)."""
+        others = self._other_pipes()
         return max(others.items(), key=lambda item: item[1]) if others else None
 
     def stalls(self, top: int = 3) -> list[tuple[str, float]]:
@@ -112,16 +133,26 @@ class Kernel:
         found = {}
         for name, value in self.values.items():
             match = _STALL.match(name)
-            if match and "not_issued" not in name:
+            # "selected" is the cycle a warp issues, not a wait (1 per instruction).
+            if match and "not_issued" not in name and match.group(1) != "selected":
                 found[match.group(1)] = value
         return sorted(found.items(), key=lambda item: -item[1])[:top]
 
     @property
     def shared_bytes(self) -> float | None:
-        parts = [(self.values[n], self.units.get(n, "byte")) for n in (
+        """Shared memory per block: dynamic plus static (without the driver's reserve)."""
+        parts = [(self.values[n], self.units.get(n, "byte").split("/")[0]) for n in (
             "launch__shared_mem_per_block_dynamic", "launch__shared_mem_per_block_static")
             if n in self.values]
-        return sum(v * _BYTES_SCALE.get(u, 1.0) for v, u in parts) if parts else None
+        return sum(v * _BYTES_SCALE[u] for v, u in parts) if parts else None
+
+    @property
+    def local_memory_instructions(self) -> float | None:
+        """Local loads and stores executed: register spills (and stack arrays)."""
+        parts = [self.values[n] for n in ("smsp__sass_inst_executed_op_local_ld.sum",
+                                          "smsp__sass_inst_executed_op_local_st.sum")
+                 if n in self.values]
+        return sum(parts) if parts else None
 
     def verdict(self) -> str:
         tensor, sm, memory = self.tensor_pct, self.sm_pct, self.memory_pct
@@ -133,15 +164,15 @@ class Kernel:
             stalls = self.stalls(1)
             return f"latency ({stalls[0][0]})" if stalls else "latency"
         if memory > sm:
-            dram = self.get("dram__throughput.avg.pct_of_peak_sustained_elapsed") or 0.0
-            l1 = self.get("l1tex__throughput.avg.pct_of_peak_sustained_active",
-                          "l1tex__throughput.avg.pct_of_peak_sustained_elapsed") or 0.0
-            return f"memory ({'DRAM' if dram >= l1 else 'L1/shared'})"
-        pipe = self.busiest_pipe()
-        issue = self.issue_pct
-        if pipe is None or (issue is not None and issue > pipe[1]):
-            return "SM (issue slots)"
-        return f"SM ({pipe[0]})"
+            units = self.memory_units()
+            return f"memory ({max(units, key=units.get)})" if units else "memory"
+        # The busiest of the pipes (the tensor pipe included) and the issue slots.
+        busy = self._other_pipes()
+        if tensor is not None:
+            busy["tensor"] = tensor
+        if self.issue_pct is not None:
+            busy["issue slots"] = self.issue_pct
+        return f"SM ({max(busy, key=busy.get)})" if busy else "SM"
 
 
 def _number(text: str) -> float | None:
@@ -212,13 +243,17 @@ def rows(label: str, kernels: list[Kernel]) -> list[list[str]]:
         shared = kernel.shared_bytes
         stalls = ", ".join(f"{reason} {cycles:.1f}" for reason, cycles in kernel.stalls())
         registers = kernel.get("launch__registers_per_thread")
+        spills = kernel.local_memory_instructions
         out.append([
             label, _short(kernel.name),
             "-" if kernel.time_ns is None else f"{kernel.time_ns / 1e3:.1f}",
             f"{100 * (kernel.time_ns or 0.0) / total:.0f}",
             _pct(kernel.sm_pct), _pct(kernel.memory_pct), _pct(kernel.tensor_pct),
             "-" if pipe is None else f"{pipe[0]} {pipe[1]:.0f}", _pct(kernel.issue_pct),
+            _pct(kernel.memory_units().get("DRAM")),
+            _pct(kernel.get("lts__t_sector_hit_rate.pct")),
             "-" if registers is None else f"{registers:.0f}",
+            "-" if spills is None else f"{spills:.0f}",
             "-" if shared is None else f"{shared / 1024:.0f}",
             _pct(kernel.get("sm__warps_active.avg.pct_of_peak_sustained_active")),
             stalls or "-", kernel.verdict()])
@@ -226,7 +261,8 @@ def rows(label: str, kernels: list[Kernel]) -> list[list[str]]:
 
 
 HEADER = ["implementation", "kernel", "us", "% of call", "SM %", "mem %", "tensor %",
-          "busiest pipe %", "issue %", "regs", "smem KiB", "occupancy %",
+          "busiest pipe %", "issue %", "DRAM %", "L2 hit %", "regs", "local ld/st",
+          "smem KiB", "occupancy %",
           "top stalls (cycles/issue)", "bound by"]
 
 

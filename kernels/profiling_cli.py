@@ -162,13 +162,14 @@ def cmd_bottleneck(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print(f"machine: {machine.describe()}", flush=True)
     rows, failed = [], 0
+    blank = ["-"] * (len(bottleneck.HEADER) - 2)
     for impl in impls:
         reason = devices.case_unavailable_reason(impl, case, machine)
         for direction in args.direction:
             if reason is None and not registry.has_direction(impl, direction):
                 reason = f"has no {direction}"
             if reason:
-                rows.append([impl.name, f"skipped: {reason}"] + ["-"] * 12)
+                rows.append([impl.name, f"skipped: {reason}"] + blank)
                 continue
             print(f"  ncu: {impl.name} {case.id} {direction} ...", file=sys.stderr, flush=True)
             try:
@@ -176,7 +177,7 @@ def cmd_bottleneck(args: argparse.Namespace) -> int:
                                                      out, ncu)
             except RuntimeError as error:
                 failed += 1
-                rows.append([impl.name, f"FAILED: {error}"[:200]] + ["-"] * 12)
+                rows.append([impl.name, f"FAILED: {error}"[:200]] + blank)
                 continue
             rows.extend(bottleneck.rows(f"{impl.name} {direction}", kernels))
             print(f"  report: {report}", file=sys.stderr, flush=True)

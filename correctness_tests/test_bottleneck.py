@@ -1,0 +1,195 @@
+"""kernels.bottleneck on any machine: ncu's raw CSV read into kernels, the verdict rules, and
+the profile plumbing against a stand-in ncu (the real one runs in `python -m kernels
+bottleneck` on a GPU)."""
+
+from __future__ import annotations
+
+import pathlib
+import stat
+import sys
+
+import pytest
+
+from kernels import bottleneck, validation
+
+STALL = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+METRICS = {
+    "gpu__time_duration.sum": ("us", "{time}"),
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed": ("%", "{sm}"),
+    "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": ("%", "{mem}"),
+    "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed": ("%", "{dram}"),
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed": ("%", "{l2}"),
+    "l1tex__throughput.avg.pct_of_peak_sustained_active": ("%", "{l1}"),
+    "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active": ("%", "{tensor}"),
+    "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active": ("%", "{xu}"),
+    "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active": ("%", "{fma}"),
+    "sm__pipe_shared_cycles_active.avg.pct_of_peak_sustained_active": ("%", "99"),
+    "smsp__issue_active.avg.pct_of_peak_sustained_active": ("%", "{issue}"),
+    "launch__registers_per_thread": ("register/thread", "168"),
+    "launch__shared_mem_per_block_dynamic": ("Kbyte/block", "{smem}"),
+    "launch__shared_mem_per_block_static": ("byte/block", "0"),
+    "sm__warps_active.avg.pct_of_peak_sustained_active": ("%", "18.7"),
+    STALL.format("long_scoreboard"): ("", "{long}"),
+    STALL.format("barrier"): ("", "2.5"),
+    STALL.format("math_pipe_throttle"): ("", "0.4"),
+    STALL.format("selected"): ("", "1.0"),
+    "smsp__average_warps_issue_stalled_barrier_not_issued.ratio": ("", "100"),
+    "device__attribute_display_name": ("", "NVIDIA H100 80GB HBM3"),
+}
+KERNEL = dict(time="1,234.5", sm="62.1", mem="40", dram="20", l2="30", l1="38", tensor="55",
+              xu="48",
+              fma="31", issue="41", smem="196.61", long="3.25")
+
+
+def raw_csv(*kernels: dict[str, str]) -> str:
+    """ncu's `--page raw --csv` layout: a header, a row of units, a row per kernel."""
+    def line(cells):
+        return ",".join(f'"{cell}"' for cell in cells)
+
+    head = ["ID", "Process ID", "Process Name", "Kernel Name", *METRICS]
+    units = ["", "", "", "", *(unit for unit, _ in METRICS.values())]
+    body = [line([str(i), "42", "python3", f"kernel_{i}(float*, int)",
+                  *(value.format(**k) for _, value in METRICS.values())])
+            for i, k in enumerate(kernels)]
+    return "==PROF== Disconnected\n" + "\n".join([line(head), line(units), *body]) + "\n"
+
+
+def test_raw_csv_gives_each_kernel_its_metrics_in_launch_order():
+    kernels = bottleneck.parse_raw_csv(raw_csv(KERNEL, {**KERNEL, "time": "10"}))
+    assert [k.name for k in kernels] == ["kernel_0(float*, int)", "kernel_1(float*, int)"]
+    first = kernels[0]
+    assert first.time_ns == pytest.approx(1234.5e3)  # "1,234.5" usecond
+    assert kernels[1].time_ns == pytest.approx(10e3)
+    assert (first.sm_pct, first.memory_pct, first.issue_pct) == (62.1, 40.0, 41.0)
+    assert first.tensor_pct == 55.0
+    # "shared" is the sum of other pipes, not a pipe of its own.
+    assert first.busiest_pipe() == ("xu", 48.0)
+    # "selected" (the issuing cycle itself) is no stall.
+    assert first.stalls() == [("long_scoreboard", 3.25), ("barrier", 2.5),
+                              ("math_pipe_throttle", 0.4)]
+    assert first.shared_bytes == pytest.approx(196.61e3)
+    assert "device__attribute_display_name" not in first.values  # a string, not a number
+
+
+DATA = pathlib.Path(__file__).parent / "data"
+
+
+def test_a_real_report_from_the_h100():
+    """ncu 2025.3.1's own output (data/README.md): the Mosaic forward of 2026-11-25, whose grid
+    ran batches side by side and streamed K and V from DRAM."""
+    (kernel,) = bottleneck.parse_raw_csv((DATA / "ncu_raw_mosaic_attention_fwd_h100.csv")
+                                         .read_text())
+    assert kernel.name == "anonymous_mosaic_gpu_kernel"
+    assert kernel.time_ns == pytest.approx(971.648e3)  # "971.648" in a "us" column
+    assert kernel.memory_units() == pytest.approx({"DRAM": 80.546756, "L2": 94.223059,
+                                                   "L1/shared": 45.199287})
+    assert kernel.get("lts__t_sector_hit_rate.pct") == pytest.approx(30.612525)
+    assert kernel.verdict() == "memory (L2)"
+    assert kernel.shared_bytes == pytest.approx(167001.0)  # 167 Kbyte dynamic, 1 byte static
+    bwd = bottleneck.parse_raw_csv((DATA / "ncu_raw_triton_attention_bwd_h100.csv").read_text())
+    assert [(k.name, round(k.time_ns)) for k in bwd] == [
+        ("attention_backward_kernel_delta", 50144), ("attention_backward_kernel_dkdv", 2393248),
+        ("attention_backward_kernel_dq", 1307968)]  # a "ms" column
+    assert [k.verdict() for k in bwd] == ["memory (DRAM)", "latency (barrier)", "SM (tensor)"]
+    assert bwd[0].local_memory_instructions == 32768
+
+
+def test_long_layout_reads_the_same():
+    text = ('"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"\n'
+            '"0","k","gpu__time_duration.sum","msecond","1.5"\n'
+            '"0","k","sm__throughput.avg.pct_of_peak_sustained_elapsed","%","70"\n'
+            '"1","j","gpu__time_duration.sum","nsecond","900"\n')
+    kernels = bottleneck.parse_raw_csv(text)
+    assert [(k.name, k.time_ns) for k in kernels] == [("k", 1.5e6), ("j", 900.0)]
+    assert kernels[0].sm_pct == 70.0
+    with pytest.raises(ValueError, match="no CSV table"):
+        bottleneck.parse_raw_csv("==PROF== No kernels were profiled.\n")
+
+
+@pytest.mark.parametrize(("changes", "verdict"), [
+    ({"tensor": "81"}, "tensor pipe"),
+    ({"sm": "30", "mem": "55"}, "latency (long_scoreboard)"),
+    ({"sm": "30", "mem": "75", "dram": "80", "l1": "40"}, "memory (DRAM)"),
+    ({"sm": "30", "mem": "75", "dram": "10", "l2": "70", "l1": "75"}, "memory (L1/shared)"),
+    ({"sm": "30", "mem": "95", "dram": "80", "l2": "94"}, "memory (L2)"),
+    ({}, "SM (tensor)"),  # the tensor pipe at 55% is the busiest
+    ({"tensor": "30"}, "SM (xu)"),  # then xu at 48% over the issue slots at 41%
+    ({"tensor": "30", "issue": "90"}, "SM (issue slots)"),
+])
+def test_verdicts(changes, verdict):
+    kernel = bottleneck.parse_raw_csv(raw_csv({**KERNEL, **changes}))[0]
+    assert kernel.verdict() == verdict
+
+
+def test_rows_put_the_longest_kernel_first_with_its_share():
+    kernels = bottleneck.parse_raw_csv(raw_csv({**KERNEL, "time": "100"},
+                                               {**KERNEL, "time": "300"}))
+    rows = bottleneck.rows("triton fwd", kernels)
+    assert [(r[1], r[2], r[3]) for r in rows] == [("kernel_1", "300.0", "75"),
+                                                  ("kernel_0", "100.0", "25")]
+    assert len(rows[0]) == len(bottleneck.HEADER)
+    header = bottleneck.HEADER
+    cells = dict(zip(header, rows[0], strict=True))
+    assert (cells["busiest pipe %"], cells["regs"], cells["smem KiB"], cells["DRAM %"]) == \
+        ("xu 48", "168", "192", "20")
+    assert cells["top stalls (cycles/issue)"].startswith("long_scoreboard 3.2")
+
+
+def test_profile_runs_ncu_then_reads_its_report(tmp_path, monkeypatch):
+    """A stand-in ncu: the profiling call must name the child, the sections and the clocks left
+    alone; the import calls print the CSV and the details."""
+    log = tmp_path / "calls.txt"
+    fake = tmp_path / "ncu"
+    csv_file = tmp_path / "raw.csv"
+    csv_file.write_text(raw_csv(KERNEL))
+    fake.write_text(f"""#!{sys.executable}
+import pathlib, sys
+args = sys.argv[1:]
+with open({str(log)!r}, "a") as f:
+    f.write(" ".join(args) + "\\n")
+if "--export" in args:
+    pathlib.Path(args[args.index("--export") + 1]).write_text("report")
+elif "raw" in args:
+    print(pathlib.Path({str(csv_file)!r}).read_text())
+else:
+    print("Section: GPU Speed Of Light Throughput")
+""")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    out = tmp_path / "out"
+    out.mkdir()
+    report, kernels = bottleneck.profile("attention", "triton", "bf16-4x4096x16x128", "bwd",
+                                         out, str(fake))
+    assert report == out / "attention-triton-bf16-4x4096x16x128-bwd.ncu-rep"
+    assert [k.name for k in kernels] == ["kernel_0(float*, int)"]
+    calls = log.read_text().splitlines()
+    first = calls[0].split()
+    assert first[first.index("--clock-control") + 1] == "none"
+    assert first[first.index("--profile-from-start") + 1] == "off"
+    assert [first[i + 1] for i, a in enumerate(first) if a == "--section"] == \
+        list(bottleneck.SECTIONS)
+    assert first[-9:] == ["kernels.crosscheck", "run", "attention", "triton",
+                          "bf16-4x4096x16x128", "--calls", "1", "--direction", "bwd"]
+    assert "Speed Of Light" in (out / f"{report.stem}.details.txt").read_text()
+    # A failed profile names its log.
+    fake.write_text(f"#!{sys.executable}\nimport sys\nprint('==ERROR== boom')\nsys.exit(3)\n")
+    with pytest.raises(RuntimeError, match="exited 3; its output is in .*boom"):
+        bottleneck.profile("attention", "triton", "bf16-4x4096x16x128", "fwd", out, str(fake))
+
+
+def test_missing_ncu_is_one_clear_line(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    monkeypatch.setattr(bottleneck.pathlib.Path, "is_file", lambda self: False)
+    with pytest.raises(validation.UserError, match="ncu: expected Nsight Compute's ncu"):
+        bottleneck.ncu_path()
+
+
+def test_the_child_takes_the_direction(monkeypatch):
+    """`kernels.crosscheck run ... --direction bwd` is what ncu launches."""
+    from kernels import crosscheck
+
+    seen = []
+    monkeypatch.setattr(crosscheck, "_run_calls", lambda *args: seen.append(args))
+    crosscheck.main(["run", "attention", "triton", "bf16-4x4096x16x128", "--calls", "1",
+                     "--direction", "bwd"])
+    assert seen == [("attention", "triton", "bf16-4x4096x16x128", 1, "bwd")]
