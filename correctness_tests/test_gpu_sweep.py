@@ -7,7 +7,7 @@ from kernels import gpu_sweep
 def test_a_run_killed_by_a_signal_fails_the_sweep(tmp_path, monkeypatch, capsys):
     rows = [["pytest under memcheck", "cold cache", "killed by SIGSEGV", "31 s"],
             ["pytest under memcheck", "warm cache", "exit 0", "64 s"]]
-    monkeypatch.setattr(gpu_sweep, "part_sanitizer", lambda out, minutes, cold_runs: rows)
+    monkeypatch.setattr(gpu_sweep, "part_sanitizer", lambda out, minutes, repeats, jobs: rows)
     assert gpu_sweep.main(["--part", "sanitizer", "--out", str(tmp_path)]) == 1
     assert "killed by SIGSEGV" in (tmp_path / "gpu_sweep.txt").read_text()
     rows[0][2] = "exit 0"
@@ -49,9 +49,9 @@ def test_where_a_segfault_struck_in_python(tmp_path):
     assert "Aborted in no Python frame" in gpu_sweep._where_it_stopped(log, "exit 134")
 
 
-def test_cold_runs_must_be_positive(capsys):
+def test_repeats_must_be_positive(capsys):
     import pytest
 
     with pytest.raises(SystemExit):
-        gpu_sweep.main(["--part", "sanitizer", "--cold-runs", "0"])
-    assert "--cold-runs: expected at least 1, got 0" in capsys.readouterr().err
+        gpu_sweep.main(["--part", "sanitizer", "--repeats", "0"])
+    assert "--repeats: expected at least 1, got 0" in capsys.readouterr().err

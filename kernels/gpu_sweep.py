@@ -1,5 +1,5 @@
-"""On a GPU: bad inputs into the compiled paths, and the CUDA sanitizer with a cold and a warm
-JAX compilation cache. `python3 -m kernels.gpu_sweep [--part api|sanitizer|all] [--out DIR]`.
+"""On a GPU: bad inputs into the compiled paths, and the CUDA sanitizer's intermittent fault.
+`python3 -m kernels.gpu_sweep [--part api|sanitizer|all] [--out DIR] [--repeats N]`.
 
 Part "api": every torch-framework kernel of ours (Triton and the ctypes CUDA launchers) is
 called with inputs a user may hand it by mistake: CPU tensors, tensors on another device
@@ -9,16 +9,16 @@ crash (a segmentation fault, an illegal address that poisons the CUDA context) i
 the end of the sweep. A row passes if the kernel returns the right result (compared with
 torch's own) or raises a TypeError / ValueError before launching; anything else is reported.
 
-Part "sanitizer": `compute-sanitizer --tool memcheck` over `pytest -m "cuda and small"` twice,
-first with an empty JAX compilation cache, then with the cache the first run filled (on the
-H100 the cold run died with a segmentation fault in two of three sessions, 2026-11-24 and -25;
-the warm run always passed); then, to place the
-fault, minimal programs under the sanitizer with a cold cache: a JAX jit alone, a JAX matmul
-(XLA's GEMM autotuner launches many kernels), the same with autotuning off, and torch alone.
-Output: a table on stdout; in DIR (default $OUT, else ./gpu_sweep_out) every api call's output
-in api.log and each sanitizer run's log, with the last test started named in the table when a
-run died. Exit status 1 when an api row is neither correct nor a clear error, or a sanitizer
-run or probe did not exit 0.
+Part "sanitizer": `compute-sanitizer --tool memcheck` over `pytest -m "cuda and small"` died
+by SIGSEGV on the H100 in the first run on a fresh machine and passed on later ones. Each arm
+of SANITIZER_ARMS runs `--repeats` times (`--jobs` at a time): memcheck as before; memcheck not
+following child processes; memcheck with nvcc's build cache already filled; no sanitizer; and
+BUILD_PROBE, a program of a few lines that does what the tests do to the GPU (nvcc in a child
+process, ctypes load, launch). Output: a table on stdout; in DIR (default $OUT, else
+./gpu_sweep_out) every api call's output in api.log and each sanitizer run's log, with the
+last test started and faulthandler's innermost Python frame named in the table when a run
+died. Exit status 1 when an api row is neither correct nor a clear error, or a sanitizer run
+did not exit 0.
 """
 
 from __future__ import annotations
@@ -187,57 +187,97 @@ def part_api(out: pathlib.Path, jobs: int) -> list[list[str]]:
         return list(pool.map(lambda call: _api_row(*call), calls))
 
 
-def part_sanitizer(out: pathlib.Path, minutes: float, cold_runs: int = 1) -> list[list[str]]:
+# A program that does what the CUDA tests do, minus the tests: CUDA initialised (torch), then
+# nvcc run in a child process on a fresh source, the library loaded with ctypes and its kernel
+# launched, ten times. Run under the sanitizer, it places the fault (if it reproduces) outside
+# this repository's code.
+BUILD_PROBE = """
+import ctypes, os, subprocess, tempfile, torch
+x = torch.zeros(32, device="cuda")
+folder = tempfile.mkdtemp()
+for i in range(10):
+    source = os.path.join(folder, f"k{i}.cu")
+    with open(source, "w") as f:
+        f.write('__global__ void kernelperf_probe(float* x) { x[threadIdx.x] += %d; }\\n'
+                'extern "C" void launch(float* x) { kernelperf_probe<<<1, 32>>>(x); }\\n' % i)
+    library = os.path.join(folder, f"k{i}.so")
+    subprocess.run(["nvcc", "-shared", "-Xcompiler", "-fPIC", "-arch=sm_90a", source, "-o",
+                    library], check=True)
+    ctypes.CDLL(library).launch(ctypes.c_void_p(x.data_ptr()))
+    torch.cuda.synchronize()
+print("sum", x.sum().item(), "expected", 32 * sum(range(10)))
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class SanitizerArm:
+    """One way to run: the program (the CUDA tests, or BUILD_PROBE), the sanitizer's
+    arguments (None: no sanitizer), and whether nvcc's build cache starts empty."""
+
+    label: str
+    program: str
+    sanitizer: tuple[str, ...] | None
+    empty_build_cache: bool = True
+
+
+MEMCHECK = ("--tool", "memcheck", "--kernel-name", "kns=kernelperf_")
+# On the H100 the memcheck run over the CUDA tests died by SIGSEGV in the first run on a fresh
+# machine (2026-11-24, -25 twice) and passed on later runs. A fresh machine has an empty nvcc
+# build cache, so its first run compiles every kernel version in a child process of the
+# sanitized one; `--target-processes application-only` stops the sanitizer from following
+# those children. The arms tell these apart; the run without the sanitizer is the control.
+SANITIZER_ARMS = (
+    SanitizerArm("tests, memcheck", "tests", MEMCHECK),
+    SanitizerArm("tests, memcheck, application-only", "tests",
+                 MEMCHECK + ("--target-processes", "application-only")),
+    SanitizerArm("tests, memcheck, warm build cache", "tests", MEMCHECK, False),
+    SanitizerArm("tests, no sanitizer", "tests", None),
+    SanitizerArm("nvcc + ctypes probe, memcheck", "probe", ("--tool", "memcheck")),
+)
+
+
+def part_sanitizer(out: pathlib.Path, minutes: float, repeats: int = 1,
+                   jobs: int = 1) -> list[list[str]]:
+    """Every arm `repeats` times, `jobs` runs at a time, each with a fresh JAX compilation
+    cache and (unless the arm says warm) a fresh nvcc build cache; a row per run, then a row
+    per arm counting the runs that did not exit 0."""
+    from concurrent.futures import ThreadPoolExecutor
+
     sanitizer = shutil.which("compute-sanitizer")
     if sanitizer is None:
         return [["compute-sanitizer", "-", "not found", "install the CUDA toolkit's sanitizer"]]
-    rows = []
-    base = [sanitizer, "--tool", "memcheck", "--kernel-name", "kns=kernelperf_"]
-    pytest = [sys.executable, "-m", "pytest", "-m", "cuda and small", "-p", "no:xdist", "-v",
-              "-x"]
     limit = int(minutes * 60)
-    # The fault is intermittent (2 of 3 sessions): `cold_runs` runs, each with an empty cache;
-    # then a warm one on the last run's cache; then the same tests cold without the sanitizer,
-    # which says whether the fault needs it. Python's faulthandler names the Python frames
-    # of a segmentation fault in the test process.
-    runs = [(f"cold cache{f' #{i + 1}' if cold_runs > 1 else ''}", True, True)
-            for i in range(cold_runs)]
-    runs += [("warm cache", False, True), ("cold cache, no sanitizer", True, False)]
-    cache = None
-    for state, cold, sanitized in runs:
-        if cold:
-            cache = pathlib.Path(tempfile.mkdtemp(prefix="kernelperf-jax-cache-"))
-        env = dict(os.environ, KERNELPERF_COMPILATION_CACHE=str(cache), PYTHONFAULTHANDLER="1")
-        name = "".join(c if c.isalnum() else "_" for c in state)
-        log = out / f"sanitizer_pytest_{name}.log"
-        status, seconds = _run((base if sanitized else []) + pytest, log, env, limit)
-        detail = f"{seconds:.0f} s; cache holds {sum(1 for _ in cache.rglob('*'))} files"
-        label = "pytest -m 'cuda and small'" + (" under memcheck" if sanitized else "")
-        rows.append([label, state, status, detail + _where_it_stopped(log, status)])
-        print("  " + " | ".join(rows[-1]), file=sys.stderr, flush=True)
-    probes = {
-        "jax jit (x + 1)": "import jax, jax.numpy as jnp; "
-                           "print(jax.jit(lambda x: x + 1)(jnp.ones(4)).block_until_ready())",
-        "jax matmul 512^2 (XLA GEMM autotuning)":
-            "import jax, jax.numpy as jnp; x = jnp.ones((512, 512)); "
-            "print(jax.jit(jnp.dot)(x, x).block_until_ready()[0, 0])",
-        "torch matmul 512^2": "import torch; x = torch.ones(512, 512, device='cuda'); "
-                              "print((x @ x)[0, 0].item())",
-    }
-    for label, code in probes.items():
-        variants = [("cold cache", {})]
-        if "autotuning" in label:
-            variants.append(("cold cache, autotune off",
-                             {"XLA_FLAGS": "--xla_gpu_autotune_level=0"}))
-        for variant, extra in variants:
-            fresh = tempfile.mkdtemp(prefix="kernelperf-jax-probe-")
-            probe_env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=fresh,
-                             XLA_PYTHON_CLIENT_PREALLOCATE="false", **extra)
-            name = "".join(c if c.isalnum() else "_" for c in f"{label}_{variant}")
-            status, seconds = _run([sanitizer, "--tool", "memcheck", sys.executable, "-c", code],
-                                   out / f"sanitizer_probe_{name}.log", probe_env, limit)
-            rows.append([f"probe: {label}", variant, status, f"{seconds:.0f} s"])
-            print("  " + " | ".join(rows[-1]), file=sys.stderr, flush=True)
+    tests = [sys.executable, "-m", "pytest", "-m", "cuda and small", "-p", "no:xdist", "-v", "-x"]
+    warm = pathlib.Path(tempfile.mkdtemp(prefix="kernelperf-cuda-warm-"))
+    status, seconds = _run(tests, out / "sanitizer_prepare_warm_build_cache.log",
+                           dict(os.environ, KERNELPERF_CUDA_CACHE=str(warm)), limit)
+    rows = [["prepare the warm build cache (tests, no sanitizer)", "-", status,
+             f"{seconds:.0f} s"]]
+
+    def one(arm: SanitizerArm, index: int) -> list[str]:
+        build_cache = tempfile.mkdtemp(prefix="kernelperf-cuda-") if arm.empty_build_cache \
+            else str(warm)
+        env = dict(os.environ, PYTHONFAULTHANDLER="1", XLA_PYTHON_CLIENT_PREALLOCATE="false",
+                   KERNELPERF_CUDA_CACHE=build_cache,
+                   KERNELPERF_COMPILATION_CACHE=tempfile.mkdtemp(prefix="kernelperf-jax-"))
+        program = tests if arm.program == "tests" else [sys.executable, "-c", BUILD_PROBE]
+        command = ([sanitizer, *arm.sanitizer] if arm.sanitizer else []) + program
+        name = "".join(c if c.isalnum() else "_" for c in arm.label)
+        log = out / f"sanitizer_{name}_{index + 1}.log"
+        status, seconds = _run(command, log, env, limit)
+        row = [arm.label, f"run {index + 1}", status,
+               f"{seconds:.0f} s" + _where_it_stopped(log, status)]
+        print("  " + " | ".join(row), file=sys.stderr, flush=True)
+        return row
+
+    calls = [(arm, i) for i in range(repeats) for arm in SANITIZER_ARMS]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        runs = list(pool.map(lambda call: one(*call), calls))
+    rows += sorted(runs, key=lambda row: [a.label for a in SANITIZER_ARMS].index(row[0]))
+    for arm in SANITIZER_ARMS:
+        bad = [row for row in runs if row[0] == arm.label and row[2] != "exit 0"]
+        rows.append([arm.label, "all runs", f"{len(bad)} of {repeats} did not exit 0",
+                     ", ".join(sorted({row[2] for row in bad}))])
     return rows
 
 
@@ -270,7 +310,7 @@ class Options:
     out: pathlib.Path
     sanitizer_minutes: float
     jobs: int
-    cold_runs: int
+    repeats: int
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -280,11 +320,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu_sweep_out"))
     parser.add_argument("--sanitizer-minutes", type=float, default=4.0,
                         help="time limit of each sanitizer run")
-    parser.add_argument("--cold-runs", type=int, default=1,
-                        help="sanitizer part: runs with an empty JAX cache (the fault is "
-                             "intermittent)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="sanitizer part: runs of each arm (the fault is intermittent)")
     parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
-                        help="api part: child processes at a time (default: 8 or the CPUs)")
+                        help="child processes at a time, api calls or sanitizer runs (default: 8 "
+                             "or the CPUs)")
     parser.add_argument("--child", nargs=3, metavar=("OP", "IMPL", "KIND"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -292,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from kernels.cli import table
 
-    for flag, value in (("--jobs", args.jobs), ("--cold-runs", args.cold_runs)):
+    for flag, value in (("--jobs", args.jobs), ("--repeats", args.repeats)):
         if value < 1:
             parser.error(f"{flag}: expected at least 1, got {value}")
     if args.part in ("api", "all"):
@@ -302,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--part api: expected a machine with a CUDA GPU, got none visible "
                          "to torch")
     options = Options(args.part, pathlib.Path(args.out), args.sanitizer_minutes, args.jobs,
-                      args.cold_runs)
+                      args.repeats)
     options.out.mkdir(parents=True, exist_ok=True)
     report, failed = [], False
     if options.part in ("api", "all"):
@@ -310,9 +350,11 @@ def main(argv: list[str] | None = None) -> int:
         report.append(table(rows, ["kernel", "input", "outcome", "detail"]))
         failed |= any(row[2] not in ("correct", "clear error") for row in rows)
     if options.part in ("sanitizer", "all"):
-        rows = part_sanitizer(options.out, options.sanitizer_minutes, options.cold_runs)
+        rows = part_sanitizer(options.out, options.sanitizer_minutes, options.repeats,
+                              options.jobs)
         report.append(table(rows, ["run", "state", "status", "detail"]))
-        failed |= any(row[2] != "exit 0" for row in rows)
+        failed |= any(row[2] not in ("exit 0", f"0 of {options.repeats} did not exit 0")
+                      for row in rows)
     text = "\n\n".join(report)
     print(text)
     (options.out / "gpu_sweep.txt").write_text(text + "\n")
