@@ -55,3 +55,26 @@ def test_mosaic_lowers_for_hopper(shape, dtype, causal):
 
     lowered = jax.jit(forward_backward).trace(x, x, x, x).lower(lowering_platforms=("cuda",))
     assert lowered.as_text().count("mosaic_gpu") >= 3  # forward, dK/dV and dQ kernels
+
+
+@pytest.mark.parametrize("batch,heads,count,group", [(4, 16, 32, 8), (2, 3, 5, 4), (1, 1, 7, 8),
+                                                     (3, 5, 1, 2)])
+@pytest.mark.parametrize("longest", [None, "last", "first"])
+def test_tile_order_visits_every_tile_once_in_groups_longest_first(batch, heads, count, group,
+                                                                   longest):
+    """The CTA start order: every (batch, head, block) once; each group of heads finished
+    before the next starts; inside a group, block ranks in order, the longest blocks first."""
+    tiles = [tuple(int(v) for v in pallas_mosaic.tile_order(
+        jnp.int32(i), batch, heads, count, group, longest)) for i in range(batch * heads * count)]
+    assert sorted(tiles) == [(b, h, k) for b in range(batch) for h in range(heads)
+                             for k in range(count)]
+    head_of = [b * heads + h for b, h, _ in tiles]
+    assert [x // min(group, batch * heads) for x in head_of] == sorted(
+        x // min(group, batch * heads) for x in head_of)
+    blocks = [k for _, _, k in tiles]
+    first = {"last": count - 1, None: 0, "first": 0}[longest]
+    assert blocks[0] == first and all(k == first for k in blocks[:min(group, batch * heads)])
+    steps = [b - a for a, b in zip(blocks, blocks[1:], strict=False) if b != a]
+    if longest == "last":
+        # Within a group the block index only falls; it jumps back up at a new group.
+        assert all(step == -1 or step == count - 1 for step in steps)
