@@ -7,7 +7,7 @@ from kernels import gpu_sweep
 def test_a_run_killed_by_a_signal_fails_the_sweep(tmp_path, monkeypatch, capsys):
     rows = [["pytest under memcheck", "cold cache", "killed by SIGSEGV", "31 s"],
             ["pytest under memcheck", "warm cache", "exit 0", "64 s"]]
-    monkeypatch.setattr(gpu_sweep, "part_sanitizer", lambda out, minutes, repeats, jobs: rows)
+    monkeypatch.setattr(gpu_sweep, "part_sanitizer", lambda out, minutes, repeats, jobs, arms: rows)
     assert gpu_sweep.main(["--part", "sanitizer", "--out", str(tmp_path)]) == 1
     assert "killed by SIGSEGV" in (tmp_path / "gpu_sweep.txt").read_text()
     rows[0][2] = "exit 0"
@@ -55,3 +55,23 @@ def test_repeats_must_be_positive(capsys):
     with pytest.raises(SystemExit):
         gpu_sweep.main(["--part", "sanitizer", "--repeats", "0"])
     assert "--repeats: expected at least 1, got 0" in capsys.readouterr().err
+
+
+def test_kernel_log_rows_name_only_new_faults(tmp_path, monkeypatch):
+    """The dmesg rows: faults logged during the runs, not before; an unreadable log says so."""
+    logs = iter([["old: python3[1]: segfault at 0"],
+                 ["old: python3[1]: segfault at 0",
+                  "compute-sanitiz[7]: segfault at 8 ip 1 sp 2 error 4 in libTreeLauncher.so"]])
+    monkeypatch.setattr(gpu_sweep, "_kernel_segfaults", lambda: next(logs))
+    monkeypatch.setattr(gpu_sweep.shutil, "which", lambda name: "/bin/true")
+    monkeypatch.setattr(gpu_sweep, "_run", lambda *a, **k: ("exit 0", 1.0))
+    arm = gpu_sweep.SanitizerArm("tests, memcheck", "tests", gpu_sweep.MEMCHECK)
+    rows = gpu_sweep.part_sanitizer(tmp_path, 1.0, repeats=2, jobs=1, arms=(arm,))
+    assert [r[2] for r in rows if r[0] == "tests, memcheck"] == [
+        "exit 0", "exit 0", "0 of 2 did not exit 0"]
+    assert [r[3] for r in rows if r[0] == "kernel log (dmesg)"] == [
+        "compute-sanitiz[7]: segfault at 8 ip 1 sp 2 error 4 in libTreeLauncher.so"]
+    monkeypatch.setattr(gpu_sweep, "_kernel_segfaults",
+                        lambda: ["dmesg unreadable: Operation not permitted"])
+    rows = gpu_sweep.part_sanitizer(tmp_path, 1.0, repeats=1, jobs=1, arms=(arm,))
+    assert rows[-1][3] == "dmesg unreadable: Operation not permitted"

@@ -236,11 +236,12 @@ SANITIZER_ARMS = (
 )
 
 
-def part_sanitizer(out: pathlib.Path, minutes: float, repeats: int = 1,
-                   jobs: int = 1) -> list[list[str]]:
+def part_sanitizer(out: pathlib.Path, minutes: float, repeats: int = 1, jobs: int = 1,
+                   arms: tuple[SanitizerArm, ...] = SANITIZER_ARMS) -> list[list[str]]:
     """Every arm `repeats` times, `jobs` runs at a time, each with a fresh JAX compilation
-    cache and (unless the arm says warm) a fresh nvcc build cache; a row per run, then a row
-    per arm counting the runs that did not exit 0."""
+    cache and (unless the arm says warm) a fresh nvcc build cache; a row per run, a row per
+    arm counting the runs that did not exit 0, and the kernel's log of segmentation faults
+    (which process faulted, in which library), where dmesg can be read."""
     from concurrent.futures import ThreadPoolExecutor
 
     sanitizer = shutil.which("compute-sanitizer")
@@ -249,10 +250,13 @@ def part_sanitizer(out: pathlib.Path, minutes: float, repeats: int = 1,
     limit = int(minutes * 60)
     tests = [sys.executable, "-m", "pytest", "-m", "cuda and small", "-p", "no:xdist", "-v", "-x"]
     warm = pathlib.Path(tempfile.mkdtemp(prefix="kernelperf-cuda-warm-"))
-    status, seconds = _run(tests, out / "sanitizer_prepare_warm_build_cache.log",
-                           dict(os.environ, KERNELPERF_CUDA_CACHE=str(warm)), limit)
-    rows = [["prepare the warm build cache (tests, no sanitizer)", "-", status,
-             f"{seconds:.0f} s"]]
+    rows = []
+    if any(not arm.empty_build_cache for arm in arms):
+        status, seconds = _run(tests, out / "sanitizer_prepare_warm_build_cache.log",
+                               dict(os.environ, KERNELPERF_CUDA_CACHE=str(warm)), limit)
+        rows.append(["prepare the warm build cache (tests, no sanitizer)", "-", status,
+                     f"{seconds:.0f} s"])
+    faults_before = set(_kernel_segfaults())
 
     def one(arm: SanitizerArm, index: int) -> list[str]:
         build_cache = tempfile.mkdtemp(prefix="kernelperf-cuda-") if arm.empty_build_cache \
@@ -270,15 +274,32 @@ def part_sanitizer(out: pathlib.Path, minutes: float, repeats: int = 1,
         print("  " + " | ".join(row), file=sys.stderr, flush=True)
         return row
 
-    calls = [(arm, i) for i in range(repeats) for arm in SANITIZER_ARMS]
+    calls = [(arm, i) for i in range(repeats) for arm in arms]
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         runs = list(pool.map(lambda call: one(*call), calls))
-    rows += sorted(runs, key=lambda row: [a.label for a in SANITIZER_ARMS].index(row[0]))
-    for arm in SANITIZER_ARMS:
+    rows += sorted(runs, key=lambda row: [a.label for a in arms].index(row[0]))
+    for arm in arms:
         bad = [row for row in runs if row[0] == arm.label and row[2] != "exit 0"]
         rows.append([arm.label, "all runs", f"{len(bad)} of {repeats} did not exit 0",
                      ", ".join(sorted({row[2] for row in bad}))])
+    after = _kernel_segfaults()
+    unreadable = [line for line in after if line.startswith("dmesg unreadable")]
+    faults = unreadable or [line for line in after if line not in faults_before]
+    for line in faults or ["no segmentation fault logged during the runs"]:
+        rows.append(["kernel log (dmesg)", "-", "-", line[:200]])
     return rows
+
+
+def _kernel_segfaults() -> list[str]:
+    """The kernel's lines about segmentation faults ("NAME[PID]: segfault at ... in LIB"), or
+    one line saying why dmesg could not be read."""
+    try:
+        log = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return [f"dmesg unreadable: {error}"]
+    if log.returncode:
+        return [f"dmesg unreadable: {(log.stderr or log.stdout).strip()[:120]}"]
+    return [line for line in log.stdout.splitlines() if "segfault" in line or "traps:" in line]
 
 
 def _where_it_stopped(log: pathlib.Path, status: str) -> str:
@@ -311,6 +332,7 @@ class Options:
     sanitizer_minutes: float
     jobs: int
     repeats: int
+    arms: tuple[str, ...] = ()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -320,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu_sweep_out"))
     parser.add_argument("--sanitizer-minutes", type=float, default=4.0,
                         help="time limit of each sanitizer run")
+    parser.add_argument("--arm", action="append", choices=[a.label for a in SANITIZER_ARMS],
+                        help="sanitizer part: only this arm (repeatable; default: all)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="sanitizer part: runs of each arm (the fault is intermittent)")
     parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
@@ -342,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--part api: expected a machine with a CUDA GPU, got none visible "
                          "to torch")
     options = Options(args.part, pathlib.Path(args.out), args.sanitizer_minutes, args.jobs,
-                      args.repeats)
+                      args.repeats, tuple(args.arm or ()))
     options.out.mkdir(parents=True, exist_ok=True)
     report, failed = [], False
     if options.part in ("api", "all"):
@@ -350,8 +374,10 @@ def main(argv: list[str] | None = None) -> int:
         report.append(table(rows, ["kernel", "input", "outcome", "detail"]))
         failed |= any(row[2] not in ("correct", "clear error") for row in rows)
     if options.part in ("sanitizer", "all"):
+        arms = tuple(a for a in SANITIZER_ARMS if a.label in options.arms) if options.arms \
+            else SANITIZER_ARMS
         rows = part_sanitizer(options.out, options.sanitizer_minutes, options.repeats,
-                              options.jobs)
+                              options.jobs, arms)
         report.append(table(rows, ["run", "state", "status", "detail"]))
         failed |= any(row[2] not in ("exit 0", f"0 of {options.repeats} did not exit 0")
                       for row in rows)
