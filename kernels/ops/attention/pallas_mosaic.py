@@ -55,11 +55,14 @@ SUPPORTED_DTYPES = ("bf16", "f16")
 LOG2E = math.log2(math.e)
 COMPUTE_WGS = 2  # consumer warpgroups per CTA; a third one is the TMA producer
 # The streamed inputs of the heads whose CTAs run at once should sit in L2 together
-# (tile_order): 16 MiB, a third of the H100's L2 and less of the H200's. With no grouping and
-# batch as the fastest grid axis, the H100's 132 CTAs streamed 132 heads' K and V and the
-# forward ran from DRAM (ncu: 81% of DRAM peak, 31% L2 hits; 0.84x cuDNN against 0.95x with
-# the sequence blocks fastest, same run, 2026-11-25).
-L2_GROUP_BYTES = 16 << 20
+# (tile_order). With batch as the fastest grid axis, the H100's 132 CTAs streamed 132 heads'
+# K and V and the forward ran from DRAM (ncu: 81% of DRAM peak, 31% L2 hits; hd128 0.84x
+# cuDNN). H100, same run, cuDNN's time over ours, 2026-11-25 (perf_tests/RESULTS.md), for
+# hd128 fwd / bwd / causal fwd / causal bwd, hd64 the same: sequence blocks fastest, no
+# groups 0.944 0.883 0.964 0.913 0.966 0.805 0.940 0.849; groups of 8 MiB 0.934 0.893 1.004
+# 0.949 0.961 0.824 1.003 0.972 (16 MiB and 32 MiB a little behind). The non-causal forward
+# keeps no groups (every block is as long, and it was 1% faster so).
+L2_GROUP_BYTES = 8 << 20
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -221,18 +224,17 @@ def tile_order(linear, batch: int, heads: int, count: int, group: int, longest: 
     return lax.div(head_index, heads), lax.rem(head_index, heads), block
 
 
-def _tile(axis: str, count: int, like, longest: str | None):
+def _tile(axis: str, count: int, like, longest: str | None, group_bytes: int = L2_GROUP_BYTES):
     """This CTA's (batch, head, block along `axis`) in `tile_order`; `like` is a (batch, seq,
     heads, head_dim) input, which sets the sizes. The grid (batch, heads, blocks) is launched
     reversed, blocks as CUDA's x, so CTAs start in the order of (batch * heads + head) *
-    count + block; L2_GROUP_BYTES of streamed inputs (K and V, or Q and dO: two of `like`'s
-    per-head slices) sets the group."""
+    count + block; `group_bytes` of streamed inputs (K and V, or Q and dO: two of `like`'s
+    per-head slices) sets the group (0: one head)."""
     batch, seq_pad, heads, head_dim = like.shape
     head_bytes = 2 * seq_pad * head_dim * jnp.dtype(like.dtype).itemsize
     linear = ((lax.axis_index("batch") * heads + lax.axis_index("heads")) * count
               + lax.axis_index(axis))
-    return tile_order(linear, batch, heads, count, max(1, L2_GROUP_BYTES // head_bytes),
-                      longest)
+    return tile_order(linear, batch, heads, count, max(1, group_bytes // head_bytes), longest)
 
 
 def attention_forward_kernel(
@@ -253,7 +255,7 @@ def attention_forward_kernel(
     c = LOG2E * spec.scale_of(head_dim)
     wg = lax.axis_index("wg")
     batch, head, block = _tile("q_blocks", seq_pad // (COMPUTE_WGS * bq), k_ref,
-                               "last" if causal else None)
+                               "last" if causal else None, L2_GROUP_BYTES if causal else 0)
     cta_q = block * (COMPUTE_WGS * bq)
     steps, unmasked = _key_steps(cta_q, COMPUTE_WGS * bq, bk, seq, causal)
 
