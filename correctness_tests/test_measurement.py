@@ -259,6 +259,17 @@ def test_roofline_chart_is_drawn_from_a_data_file(tmp_path):
     assert image.std() > 0.05  # not a blank canvas
 
 
+def test_a_cluster_label_names_its_points_top_down():
+    """Points close together share one label; its lines stack as the points do, the fastest
+    on top (an H100 chart of 2026-11-25 named cuDNN's point pallas_mosaic's, and the reverse)."""
+    points = [dict(p, placement={}) for p in _roofline_data()["points"]]
+    points[1] = dict(points[0], impl="pallas")  # same intensity, 10% faster
+    ys = [1.0, 1.1]
+    assert report._clusters([1.0, 1.0], ys) == [[0, 1]]
+    assert report._cluster_label(points, ys, [0, 1]).splitlines() == [
+        "pallas f32-32768x4096", "xla f32-32768x4096"]
+
+
 @pytest.mark.skipif(devices.this_machine().has_gpu,
                     reason="compares XLA's CPU cost model; on a GPU, XLA's gemm custom calls "
                            "report their costs differently")

@@ -126,6 +126,12 @@ def _label(p: dict[str, Any]) -> str:
     return label
 
 
+def _cluster_label(points: list[dict[str, Any]], ys: list[float], group: list[int]) -> str:
+    """One line per point of a cluster, the fastest first: the lines stack top-down as the
+    points do (ascending, the top line named the lowest point)."""
+    return "\n".join(_label(points[i]) for i in sorted(group, key=lambda i: -ys[i]))
+
+
 def plot(data: dict[str, Any], direction: str, path: pathlib.Path) -> pathlib.Path | None:
     """Draw the `direction` points of a roofline data dict to `path`; None if there are none."""
     import matplotlib
@@ -168,7 +174,7 @@ def plot(data: dict[str, Any], direction: str, path: pathlib.Path) -> pathlib.Pa
         right = not any(x < other <= 4 * x for other in columns)
         crowded = x in previous and y < previous[x] * 1.6
         previous[x] = y
-        axes.annotate("\n".join(_label(points[i]) for i in group), (x, y),
+        axes.annotate(_cluster_label(points, ys, group), (x, y),
                       textcoords="offset points", xytext=(8 if right else -8, 4 if crowded else 0),
                       ha="left" if right else "right", va="bottom" if crowded else "center",
                       fontsize=7.5)
