@@ -67,8 +67,8 @@ readme-check: install
 mutation: install
 	nice $(BIN)/python -m kernels.mutation $(TARGETS)
 
-# On a GPU: bad inputs into the Triton and CUDA kernels, and compute-sanitizer with a cold and a
-# warm JAX compilation cache (kernels/gpu_sweep.py); logs in $(OUT) or gpu_sweep_out/.
+# On a GPU: bad inputs into the Triton and CUDA kernels, and the CUDA tests under compute-sanitizer
+# in several arms (kernels/gpu_sweep.py); logs in $(OUT) or gpu_sweep_out/.
 gpu-sweep:
 	$(PYTHON) -m kernels.gpu_sweep $(if $(OUT),--out $(OUT))
 

@@ -9,12 +9,13 @@ crash (a segmentation fault, an illegal address that poisons the CUDA context) i
 the end of the sweep. A row passes if the kernel returns the right result (compared with
 torch's own) or raises a TypeError / ValueError before launching; anything else is reported.
 
-Part "sanitizer": `compute-sanitizer --tool memcheck` over `pytest -m "cuda and small"` died
-by SIGSEGV on the H100 in the first run on a fresh machine and passed on later ones. Each arm
-of SANITIZER_ARMS runs `--repeats` times (`--jobs` at a time): memcheck as before; memcheck not
-following child processes; memcheck with nvcc's build cache already filled; no sanitizer; and
-BUILD_PROBE, a program of a few lines that does what the tests do to the GPU (nvcc in a child
-process, ctypes load, launch). Output: a table on stdout; in DIR (default $OUT, else
+Part "sanitizer": `compute-sanitizer --tool memcheck` over `pytest -m "cuda and small"` dies by
+SIGSEGV now and then on the H100, in the sanitizer's own executable. Each arm of
+SANITIZER_ARMS runs `--repeats` times (`--jobs` at a time): memcheck following child processes
+(its default); not following them; following them with nvcc's build cache already filled; no
+sanitizer; and BUILD_PROBE, a program of a few lines that does what the tests do to the GPU
+(nvcc in a child process, ctypes load, launch). The kernel log's segfault lines (dmesg) name
+the process that faulted. Output: a table on stdout; in DIR (default $OUT, else
 ./gpu_sweep_out) every api call's output in api.log and each sanitizer run's log, with the
 last test started and faulthandler's innermost Python frame named in the table when a run
 died. Exit status 1 when an api row is neither correct nor a clear error, or a sanitizer run
@@ -221,11 +222,11 @@ class SanitizerArm:
 
 
 MEMCHECK = ("--tool", "memcheck", "--kernel-name", "kns=kernelperf_")
-# On the H100 the memcheck run over the CUDA tests died by SIGSEGV in the first run on a fresh
-# machine (2026-11-24, -25 twice) and passed on later runs. A fresh machine has an empty nvcc
-# build cache, so its first run compiles every kernel version in a child process of the
-# sanitized one; `--target-processes application-only` stops the sanitizer from following
-# those children. The arms tell these apart; the run without the sanitizer is the control.
+# What the arms showed on the H100 (2026-11-25, perf_tests/RESULTS.md): memcheck following the
+# test process's children (its default) died by SIGSEGV in 5 of 13 runs, at varying tests,
+# with an empty nvcc build cache or a full one, and the kernel log put the fault in the
+# compute-sanitizer executable itself; not following them (application-only) 7 of 7 passed,
+# no sanitizer 5 of 5, BUILD_PROBE under memcheck 3 of 3.
 SANITIZER_ARMS = (
     SanitizerArm("tests, memcheck", "tests", MEMCHECK),
     SanitizerArm("tests, memcheck, application-only", "tests",
