@@ -193,3 +193,42 @@ def test_the_child_takes_the_direction(monkeypatch):
     crosscheck.main(["run", "attention", "triton", "bf16-4x4096x16x128", "--calls", "1",
                      "--direction", "bwd"])
     assert seen == [("attention", "triton", "bf16-4x4096x16x128", 1, "bwd")]
+
+
+def test_the_command_profiles_each_implementation_and_direction(monkeypatch, tmp_path, capsys):
+    """`python -m kernels bottleneck` with the GPU, ncu and the profile stood in: a row per
+    kernel, a skip row for a direction an implementation lacks (whatever the order asked), a
+    FAILED row and exit 1 for a profile that failed."""
+    from kernels import cli, devices, registry
+
+    class GPU:
+        has_gpu = True
+
+        def describe(self):
+            return "1 x stand-in GPU"
+
+    (kernel,) = bottleneck.parse_raw_csv((DATA / "ncu_raw_mosaic_attention_fwd_h100.csv")
+                                         .read_text())
+    calls = []
+
+    def profile(op, impl, case, direction, out, ncu):
+        calls.append((impl, direction))
+        if impl == "cudnn":
+            raise RuntimeError("ncu on cudnn exited 1")
+        return out / "r.ncu-rep", [kernel]
+
+    monkeypatch.setattr(devices, "this_machine", GPU)
+    monkeypatch.setattr(devices, "case_unavailable_reason", lambda *a: None)
+    monkeypatch.setattr(registry, "has_direction",
+                        lambda impl, direction: impl.name != "triton" or direction == "fwd")
+    monkeypatch.setattr(bottleneck, "ncu_path", lambda: "ncu")
+    monkeypatch.setattr(bottleneck, "profile", profile)
+    status = cli.main(["bottleneck", "attention", "--impl", "triton", "pallas_mosaic", "cudnn",
+                       "--case", "bf16-4x4096x16x128", "--direction", "bwd", "fwd",
+                       "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert status == 1
+    assert calls == [("triton", "fwd"), ("pallas_mosaic", "bwd"), ("pallas_mosaic", "fwd"),
+                     ("cudnn", "bwd"), ("cudnn", "fwd")]
+    assert "skipped: has no bwd" in out and out.count("FAILED: ncu on cudnn exited 1") == 2
+    assert out.count("anonymous_mosaic_gpu_kernel") == 3  # triton fwd, mosaic bwd and fwd

@@ -62,6 +62,10 @@ MISTAKES = [
     (["noise-floor", "--runs", "0"], ["--runs", ">= 1", "'0'"]),
     (["profile", "nosuchop", "--case", "x"], ["unknown operation 'nosuchop'"]),
     (["hlo", "softmax", "--impl", "nosuch"], ["unknown implementation 'nosuch'"]),
+    (["bottleneck", "attention", "--impl", "nosuch", "--case", "bf16-4x4096x16x128"],
+     ["unknown implementation 'nosuch'"]),
+    (["bottleneck", "attention", "--impl", "triton", "--case", "nosuch"],
+     ["case: expected one of", "'nosuch'"]),
     (["nosuchcommand"], ["invalid choice", "'nosuchcommand'", "check"]),
 ]
 

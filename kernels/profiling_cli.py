@@ -164,10 +164,10 @@ def cmd_bottleneck(args: argparse.Namespace) -> int:
     rows, failed = [], 0
     blank = ["-"] * (len(bottleneck.HEADER) - 2)
     for impl in impls:
-        reason = devices.case_unavailable_reason(impl, case, machine)
+        unavailable = devices.case_unavailable_reason(impl, case, machine)
         for direction in args.direction:
-            if reason is None and not registry.has_direction(impl, direction):
-                reason = f"has no {direction}"
+            reason = unavailable or (None if registry.has_direction(impl, direction)
+                                     else f"has no {direction}")
             if reason:
                 rows.append([impl.name, f"skipped: {reason}"] + blank)
                 continue
