@@ -102,7 +102,7 @@ def test_long_layout_reads_the_same():
     kernels = bottleneck.parse_raw_csv(text)
     assert [(k.name, k.time_ns) for k in kernels] == [("k", 1.5e6), ("j", 900.0)]
     assert kernels[0].sm_pct == 70.0
-    with pytest.raises(ValueError, match="no CSV table"):
+    with pytest.raises(ValueError, match="^ncu output has no CSV table"):
         bottleneck.parse_raw_csv("==PROF== No kernels were profiled.\n")
 
 
@@ -232,3 +232,90 @@ def test_the_command_profiles_each_implementation_and_direction(monkeypatch, tmp
                      ("cudnn", "bwd"), ("cudnn", "fwd")]
     assert "skipped: has no bwd" in out and out.count("FAILED: ncu on cudnn exited 1") == 2
     assert out.count("anonymous_mosaic_gpu_kernel") == 3  # triton fwd, mosaic bwd and fwd
+
+
+def test_odd_tables_read_right():
+    """No units row (the first row after the header is a kernel), a kernel named like the
+    header's first cell, a short row skipped, not ending the table, and tables with no
+    kernel rows."""
+    text = ('"ID","Kernel Name","gpu__time_duration.sum"\n'
+            '"0","k","1500"\n'
+            '"1","short"\n'
+            '"2","ID","2,000"\n')
+    kernels = bottleneck.parse_raw_csv(text)
+    assert [(k.name, k.time_ns, k.units) for k in kernels] == [
+        ("k", 1500.0, {"gpu__time_duration.sum": ""}),
+        ("ID", 2000.0, {"gpu__time_duration.sum": ""})]
+    assert "ID" not in kernels[0].values  # the launch index is no metric
+    header = '"ID","Kernel Name","gpu__time_duration.sum"\n'
+    assert bottleneck.parse_raw_csv(header) == []
+    assert bottleneck.parse_raw_csv(header + '"","","us"\n') == []
+    long = ('"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"\n'
+            '"0","k","gpu__time_duration.sum","ns","5"\n'
+            '"0","k"\n'
+            '"1","j","gpu__time_duration.sum","ns","7"\n')
+    assert [k.time_ns for k in bottleneck.parse_raw_csv(long)] == [5.0, 7.0]
+
+
+def kernel(**values: float) -> bottleneck.Kernel:
+    names = {"tensor": "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
+             "sm": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+             "mem": "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+             "issue": "smsp__issue_active.avg.pct_of_peak_sustained_active",
+             "alu": "sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active",
+             "xu": "sm__pipe_xu_cycles_active.avg.pct_of_peak_sustained_active"}
+    return bottleneck.Kernel("k", {names.get(k, k): v for k, v in values.items()}, {})
+
+
+@pytest.mark.parametrize(("values", "verdict"), [
+    (dict(tensor=70.0, sm=10.0, mem=10.0), "tensor pipe"),  # the bound itself counts
+    (dict(sm=65.0), "unknown (ncu gave no speed-of-light)"),
+    (dict(mem=65.0), "unknown (ncu gave no speed-of-light)"),
+    (dict(sm=59.9, mem=59.9), "latency"),  # no stall metrics
+    (dict(sm=60.0, mem=40.0, alu=30.0), "SM (alu)"),  # at the bound: no longer latency
+    (dict(sm=70.0, mem=70.0, alu=30.0), "SM (alu)"),  # memory must exceed SM
+    (dict(sm=40.0, mem=70.0), "memory"),  # no unit metrics
+    (dict(sm=70.0, mem=40.0), "SM"),  # no pipe or issue metrics
+    (dict(sm=70.0, mem=40.0, alu=50.0, xu=10.0), "SM (alu)"),  # the busiest, not the last name
+])
+def test_verdict_edges(values, verdict):
+    assert kernel(**values).verdict() == verdict
+
+
+def test_each_pipe_reads_its_busiest_metric_and_the_older_unit_names():
+    pipes = bottleneck.Kernel("k", {
+        "sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active": 30.0,
+        "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active": 20.0,
+        "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active": 0.5}, {})
+    assert pipes.pipes() == {"alu": 30.0, "fma": 0.5}
+    assert kernel(alu=50.0, xu=10.0).busiest_pipe() == ("alu", 50.0)
+    older = bottleneck.Kernel("k", {
+        "dram__throughput.avg.pct_of_peak_sustained_elapsed": 12.0,
+        "l1tex__throughput.avg.pct_of_peak_sustained_elapsed": 34.0}, {})
+    assert older.memory_units() == {"DRAM": 12.0, "L1/shared": 34.0}
+    four = bottleneck.Kernel("k", {STALL.format(r): v for r, v in
+                                   (("a", 4.0), ("b", 3.0), ("c", 2.0), ("d", 1.0))}, {})
+    assert [r for r, _ in four.stalls()] == ["a", "b", "c"]
+
+
+def test_a_row_has_every_column_and_dashes_where_ncu_gave_nothing():
+    (mosaic,) = bottleneck.parse_raw_csv((DATA / "ncu_raw_mosaic_attention_fwd_h100.csv")
+                                         .read_text())
+    empty = bottleneck.Kernel("tiny_kernel(int)", {"gpu__time_duration.sum": 0.5}, {})
+    bare = bottleneck.Kernel("no_time", {}, {})
+    rows = bottleneck.rows("mosaic fwd", [bare, empty, mosaic])
+    assert rows[0] == ["mosaic fwd", "anonymous_mosaic_gpu_kernel", "971.6", "100", "66", "81",
+                       "68", "xu 35", "34", "81", "31", "168", "0", "163", "18",
+                       "long_scoreboard 3.1, barrier 1.6, wait 1.5", "memory (L2)"]
+    assert rows[1] == ["mosaic fwd", "tiny_kernel", "0.0", "0"] + ["-"] * 12 + [
+        "unknown (ncu gave no speed-of-light)"]
+    assert rows[2][1:4] == ["no_time", "-", "0"]
+
+
+def test_shares_and_sizes_round_from_the_exact_numbers():
+    timed = bottleneck.Kernel("a", {"gpu__time_duration.sum": 3.0,
+                                    "launch__shared_mem_per_block_dynamic": 10760.0},
+                              {"launch__shared_mem_per_block_dynamic": "byte/block"})
+    rows = bottleneck.rows("x", [bottleneck.Kernel("b", {}, {}), timed])
+    assert [(r[1], r[3]) for r in rows] == [("a", "100"), ("b", "0")]
+    assert rows[0][bottleneck.HEADER.index("smem KiB")] == "11"  # 10.508 KiB

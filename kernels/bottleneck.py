@@ -76,7 +76,7 @@ class Kernel:
     @property
     def time_ns(self) -> float | None:
         value = self.get("gpu__time_duration.sum")
-        unit = self.units.get("gpu__time_duration.sum", "ns")
+        unit = self.units.get("gpu__time_duration.sum") or "ns"  # ncu's own default
         if value is not None and unit not in _TIME_SCALE_NS:
             raise ValueError(f"gpu__time_duration.sum: expected a unit of {list(_TIME_SCALE_NS)}, "
                              f"got {unit!r}")

@@ -85,6 +85,11 @@ TARGETS = (
                   "-k", "not machine"),
            functions=("kernels.asv_tools.x_verdict__*", "kernels.asv_tools.x_exit_status__*",
                       "kernels.asv_tools.x_compare__*")),
+    Target(name="bottleneck", modules=("kernels/bottleneck.py",),
+           tests=("correctness_tests/test_bottleneck.py", "-k", "not the_command"),
+           functions=("kernels.bottleneck.x_parse_raw_csv__*",
+                      "kernels.bottleneck.x__parse_long__*", "kernels.bottleneck.x__number__*",
+                      "kernels.bottleneck.x_rows__*", "kernels.bottleneck.xǁKernelǁ*")),
     Target(name="validation", modules=("kernels/validation.py",),
            tests=("correctness_tests/test_registry.py", "correctness_tests/test_cli_errors.py",
                   "correctness_tests/test_validation.py",
@@ -96,6 +101,12 @@ TARGETS = (
 # Mutants no test can kill because the program means the same with or without the change:
 # "module.function__mutmut_N": why. Reviewed by hand; keep the reason to one line.
 EQUIVALENT: dict[str, str] = {
+    "kernels.bottleneck.xǁKernelǁverdict__mutmut_18":
+        "stalls(None) for stalls(1): only the first, the largest, is read",
+    "kernels.bottleneck.xǁKernelǁverdict__mutmut_19":
+        "stalls(2) for stalls(1): only the first, the largest, is read",
+    "kernels.bottleneck.x_rows__mutmut_6":
+        "total 'or 2.0': reached only when no kernel has a time, and every share is then 0",
     "kernels.ops.attention.spec.x_attended_pairs__mutmut_3":
         "/ for //: seq (seq + 1) is even, so the halves are equal",
     "kernels.ops.attention.spec.x_work__mutmut_21":
