@@ -75,3 +75,12 @@ def test_kernel_log_rows_name_only_new_faults(tmp_path, monkeypatch):
                         lambda: ["dmesg unreadable: Operation not permitted"])
     rows = gpu_sweep.part_sanitizer(tmp_path, 1.0, repeats=1, jobs=1, arms=(arm,))
     assert rows[-1][3] == "dmesg unreadable: Operation not permitted"
+
+
+def test_every_arm_runs_a_program_that_exists_and_parses():
+    """The probes are Python source run with `python -c` on the GPU machine: a syntax error
+    would show there only, as a failed arm that looks like the fault."""
+    for arm in gpu_sweep.SANITIZER_ARMS:
+        assert arm.program == "tests" or arm.program in gpu_sweep.PROBES, arm
+    for name, source in gpu_sweep.PROBES.items():
+        compile(source, name, "exec")

@@ -13,9 +13,10 @@ Part "sanitizer": `compute-sanitizer --tool memcheck` over `pytest -m "cuda and 
 SIGSEGV now and then on the H100, in the sanitizer's own executable. Each arm of
 SANITIZER_ARMS runs `--repeats` times (`--jobs` at a time): memcheck following child processes
 (its default); not following them; following them with nvcc's build cache already filled; no
-sanitizer; and BUILD_PROBE, a program of a few lines that does what the tests do to the GPU
-(nvcc in a child process, ctypes load, launch). The kernel log's segfault lines (dmesg) name
-the process that faulted. Output: a table on stdout; in DIR (default $OUT, else
+sanitizer; and two programs of a few lines that do what the tests do to the GPU: BUILD_PROBE
+(nvcc in a child process, ctypes load, launch) and LAUNCH_PROBE (many launches, a child
+process now and then), candidates for a minimal reproduction. The kernel log's segfault
+lines (dmesg) name the process that faulted. Output: a table on stdout; in DIR (default $OUT, else
 ./gpu_sweep_out) every api call's output in api.log and each sanitizer run's log, with the
 last test started and faulthandler's innermost Python frame named in the table when a run
 died. Exit status 1 when an api row is neither correct nor a clear error, or a sanitizer run
@@ -208,12 +209,34 @@ for i in range(10):
     torch.cuda.synchronize()
 print("sum", x.sum().item(), "expected", 32 * sum(range(10)))
 """
+# The tests' other pattern: thousands of launches of instrumented kernels with a child process
+# now and then (`nvcc --version` for the build cache's key), for 45 s.
+LAUNCH_PROBE = """
+import ctypes, os, subprocess, tempfile, time, torch
+x = torch.zeros(32, device="cuda")
+folder = tempfile.mkdtemp()
+source, library = os.path.join(folder, "k.cu"), os.path.join(folder, "k.so")
+with open(source, "w") as f:
+    f.write('__global__ void kernelperf_probe(float* x) { x[threadIdx.x] += 1; }\\n'
+            'extern "C" void launch(float* x) { kernelperf_probe<<<1, 32>>>(x); }\\n')
+subprocess.run(["nvcc", "-shared", "-Xcompiler", "-fPIC", "-arch=sm_90a", source, "-o", library],
+               check=True)
+launch, launches, end = ctypes.CDLL(library).launch, 0, time.time() + 45
+while time.time() < end:
+    for _ in range(200):
+        launch(ctypes.c_void_p(x.data_ptr()))
+    launches += 200
+    torch.cuda.synchronize()
+    subprocess.run(["nvcc", "--version"], capture_output=True, check=True)
+print("launches", launches, "sum", x.sum().item(), "expected", 32 * launches)
+"""
+PROBES = {"build probe": BUILD_PROBE, "launch probe": LAUNCH_PROBE}
 
 
 @dataclasses.dataclass(frozen=True)
 class SanitizerArm:
-    """One way to run: the program (the CUDA tests, or BUILD_PROBE), the sanitizer's
-    arguments (None: no sanitizer), and whether nvcc's build cache starts empty."""
+    """One way to run: the program ("tests": the CUDA tests, or a key of PROBES), the
+    sanitizer's arguments (None: no sanitizer), and whether nvcc's build cache starts empty."""
 
     label: str
     program: str
@@ -233,7 +256,8 @@ SANITIZER_ARMS = (
                  MEMCHECK + ("--target-processes", "application-only")),
     SanitizerArm("tests, memcheck, warm build cache", "tests", MEMCHECK, False),
     SanitizerArm("tests, no sanitizer", "tests", None),
-    SanitizerArm("nvcc + ctypes probe, memcheck", "probe", ("--tool", "memcheck")),
+    SanitizerArm("nvcc + ctypes probe, memcheck", "build probe", ("--tool", "memcheck")),
+    SanitizerArm("launches + children probe, memcheck", "launch probe", MEMCHECK),
 )
 
 
@@ -265,7 +289,8 @@ def part_sanitizer(out: pathlib.Path, minutes: float, repeats: int = 1, jobs: in
         env = dict(os.environ, PYTHONFAULTHANDLER="1", XLA_PYTHON_CLIENT_PREALLOCATE="false",
                    KERNELPERF_CUDA_CACHE=build_cache,
                    KERNELPERF_COMPILATION_CACHE=tempfile.mkdtemp(prefix="kernelperf-jax-"))
-        program = tests if arm.program == "tests" else [sys.executable, "-c", BUILD_PROBE]
+        program = tests if arm.program == "tests" else [sys.executable, "-c",
+                                                         PROBES[arm.program]]
         command = ([sanitizer, *arm.sanitizer] if arm.sanitizer else []) + program
         name = "".join(c if c.isalnum() else "_" for c in arm.label)
         log = out / f"sanitizer_{name}_{index + 1}.log"
