@@ -12,6 +12,12 @@ def test_a_run_killed_by_a_signal_fails_the_sweep(tmp_path, monkeypatch, capsys)
     assert "killed by SIGSEGV" in (tmp_path / "gpu_sweep.txt").read_text()
     rows[0][2] = "exit 0"
     assert gpu_sweep.main(["--part", "sanitizer", "--out", str(tmp_path)]) == 0
+    # The kernel log's rows are context, never a failure of their own.
+    rows.append([gpu_sweep.KERNEL_LOG, "-", "-", "no segmentation fault logged during the runs"])
+    rows.append(["pytest under memcheck", "all runs", "0 of 1 did not exit 0", ""])
+    assert gpu_sweep.main(["--part", "sanitizer", "--out", str(tmp_path)]) == 0
+    rows[-1][2] = "1 of 1 did not exit 0"
+    assert gpu_sweep.main(["--part", "sanitizer", "--out", str(tmp_path)]) == 1
     capsys.readouterr()
 
 
