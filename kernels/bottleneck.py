@@ -29,17 +29,14 @@ per issued instruction). The verdict, in this order:
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import os
 import pathlib
 import re
 import shutil
 import subprocess
-import sys
 
-from kernels import validation
+from kernels import crosscheck, validation
 
 SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis",
             "MemoryWorkloadAnalysis_Tables", "LaunchStats", "Occupancy", "SchedulerStats",
@@ -48,11 +45,6 @@ TENSOR_BOUND = 70.0
 LATENCY_BELOW = 60.0
 NCU_TIMEOUT_S = 900
 
-# ncu 2025.3 writes "ms", "us", "ns"; older versions "msecond" and so on. Sizes come per block
-# ("Kbyte/block").
-_TIME_SCALE_NS = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9, "nsecond": 1.0, "usecond": 1e3,
-                  "msecond": 1e6, "second": 1e9}
-_BYTES_SCALE = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
 _PIPE = re.compile(r"^sm__(?:inst_executed_pipe|pipe)_(\w+?)(?:_cycles_active)?"
                    r"\.avg\.pct_of_peak_sustained_active$")
 _STALL = re.compile(r"^smsp__average_warps?_(?:latency_)?issue_stalled_(\w+?)"
@@ -78,10 +70,10 @@ class Kernel:
     def time_ns(self) -> float | None:
         value = self.get("gpu__time_duration.sum")
         unit = self.units.get("gpu__time_duration.sum") or "ns"  # ncu's own default
-        if value is not None and unit not in _TIME_SCALE_NS:
-            raise ValueError(f"gpu__time_duration.sum: expected a unit of {list(_TIME_SCALE_NS)}, "
-                             f"got {unit!r}")
-        return None if value is None else value * _TIME_SCALE_NS[unit]
+        if value is not None and unit not in crosscheck.NCU_NANOSECONDS:
+            raise ValueError(f"gpu__time_duration.sum: expected a unit of "
+                             f"{list(crosscheck.NCU_NANOSECONDS)}, got {unit!r}")
+        return None if value is None else value * crosscheck.NCU_NANOSECONDS[unit]
 
     @property
     def sm_pct(self) -> float | None:
@@ -141,11 +133,12 @@ class Kernel:
 
     @property
     def shared_bytes(self) -> float | None:
-        """Shared memory per block: dynamic plus static (without the driver's reserve)."""
+        """Shared memory per block: dynamic plus static (without the driver's reserve). ncu
+        gives sizes per block ("Kbyte/block")."""
         parts = [(self.values[n], self.units.get(n, "byte").split("/")[0]) for n in (
             "launch__shared_mem_per_block_dynamic", "launch__shared_mem_per_block_static")
             if n in self.values]
-        return sum(v * _BYTES_SCALE[u] for v, u in parts) if parts else None
+        return sum(v * crosscheck.NCU_BYTES[u] for v, u in parts) if parts else None
 
     @property
     def local_memory_instructions(self) -> float | None:
@@ -186,43 +179,33 @@ def _number(text: str) -> float | None:
 def parse_raw_csv(text: str) -> list[Kernel]:
     """Kernels from `ncu --import R --csv --page raw`: a header row ("ID", ..., "Kernel Name",
     then one column per metric), a row of units, then a row per kernel in launch order. The
-    long layout (a row per kernel and metric, as `--page details` gives) is read too."""
-    start = text.find('"ID"')
-    if start < 0:
-        raise ValueError("ncu output has no CSV table (did it profile any kernel?)")
-    rows = list(csv.reader(io.StringIO(text[start:])))
-    header = rows[0]
-    if "Metric Name" in header:
+    long layout (a row per kernel and metric, as `--page details` gives) is read too. Rows of
+    the wrong length are skipped."""
+    rows = [row for row in crosscheck.parse_ncu_rows(text)
+            if None not in row and None not in row.values()]
+    if rows and "Metric Name" in rows[0]:
         return _parse_long(rows)
-    name_at = header.index("Kernel Name")
-    units = rows[1] if len(rows) > 1 and not rows[1][0].strip().isdigit() else None
+    units = rows[0] if rows and not rows[0]["ID"].strip().isdigit() else None
     kernels = []
-    for row in rows[2 if units else 1:]:
-        if len(row) != len(header):
-            continue
+    for row in rows[1 if units else 0:]:
         values, unit_of = {}, {}
-        for index, column in enumerate(header):
-            number = _number(row[index])
+        for column, cell in row.items():
+            number = _number(cell)
             if number is not None and column != "ID":
                 values[column] = number
-                unit_of[column] = units[index] if units else ""
-        kernels.append(Kernel(row[name_at], values, unit_of))
+                unit_of[column] = units[column] if units else ""
+        kernels.append(Kernel(row["Kernel Name"], values, unit_of))
     return kernels
 
 
-def _parse_long(rows: list[list[str]]) -> list[Kernel]:
-    header = rows[0]
-    column = {name: header.index(name) for name in ("ID", "Kernel Name", "Metric Name",
-                                                    "Metric Unit", "Metric Value")}
+def _parse_long(rows: list[dict[str, str]]) -> list[Kernel]:
     by_id: dict[str, Kernel] = {}
-    for row in rows[1:]:
-        if len(row) != len(header):
-            continue
-        kernel = by_id.setdefault(row[column["ID"]], Kernel(row[column["Kernel Name"]], {}, {}))
-        number = _number(row[column["Metric Value"]])
+    for row in rows:
+        kernel = by_id.setdefault(row["ID"], Kernel(row["Kernel Name"], {}, {}))
+        number = _number(row["Metric Value"])
         if number is not None:
-            kernel.values[row[column["Metric Name"]]] = number
-            kernel.units[row[column["Metric Name"]]] = row[column["Metric Unit"]]
+            kernel.values[row["Metric Name"]] = number
+            kernel.units[row["Metric Name"]] = row["Metric Unit"]
     return list(by_id.values())
 
 
@@ -284,10 +267,9 @@ def profile_command(ncu: str, report: pathlib.Path, op: str, impl: str, case: st
                     direction: str) -> list[str]:
     """ncu over one warmed-up call of `impl` on `case` in `direction`, saved to `report`."""
     sections = [arg for section in SECTIONS for arg in ("--section", section)]
-    return [ncu, "--profile-from-start", "off", "--cache-control", "all", "--clock-control",
-            "none", "--force-overwrite", "--export", str(report), *sections,
-            sys.executable, "-m", "kernels.crosscheck", "run", op, impl, case, "--calls", "1",
-            "--direction", direction]
+    return [ncu, *crosscheck.NCU_FLAGS, "--force-overwrite", "--export", str(report), *sections,
+            *crosscheck.child_command("run", op, impl, case, "--calls", "1", "--direction",
+                                      direction)]
 
 
 def profile(op: str, impl: str, case: str, direction: str, out: pathlib.Path,
@@ -296,9 +278,9 @@ def profile(op: str, impl: str, case: str, direction: str, out: pathlib.Path,
     each section goes to `<report>.details.txt`."""
     ncu = ncu or ncu_path()
     report = out / f"{op}-{impl}-{case}-{direction}.ncu-rep"
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
     run = subprocess.run(profile_command(ncu, report, op, impl, case, direction),
-                         capture_output=True, text=True, env=env, timeout=NCU_TIMEOUT_S)
+                         capture_output=True, text=True, env=crosscheck.child_env(),
+                         timeout=NCU_TIMEOUT_S)
     log = out / f"{report.stem}.log"
     log.write_text(run.stdout + run.stderr)
     if run.returncode or not report.exists():

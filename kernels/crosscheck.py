@@ -235,15 +235,18 @@ def torch_profiler_kernel_time(timeable, *, calls: int = 30) -> float:
     return statistics.median(sums)
 
 
-NCU_BASE = ("ncu", "--csv", "--profile-from-start", "off", "--cache-control", "all",
-            "--clock-control", "none")
+# Every Nsight Compute run here (and kernels.bottleneck's): only the calls between
+# cudaProfilerStart and Stop, caches flushed before each kernel, clocks left alone.
+NCU_FLAGS = ("--profile-from-start", "off", "--cache-control", "all", "--clock-control", "none")
+NCU_BASE = ("ncu", "--csv", *NCU_FLAGS)
 
 
-def _child(*args: str) -> list[str]:
+def child_command(*args: str) -> list[str]:
+    """This module run as a child process with `args` (`run ...` is what ncu profiles)."""
     return [sys.executable, "-m", "kernels.crosscheck", *args]
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     # The parent may hold most of the GPU already; the child must not preallocate.
     return dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
 
@@ -251,7 +254,7 @@ def _child_env() -> dict[str, str]:
 def ncu_dram_command(op: str, impl: str, case: str) -> list[str]:
     """The Nsight Compute command that counts DRAM bytes of one call of `impl` on `case`."""
     return [*NCU_BASE, "--metrics", "dram__bytes_read.sum,dram__bytes_write.sum",
-            *_child("run", op, impl, case, "--calls", "1")]
+            *child_command("run", op, impl, case, "--calls", "1")]
 
 
 def parse_ncu_rows(text: str) -> list[dict[str, str]]:
@@ -262,8 +265,11 @@ def parse_ncu_rows(text: str) -> list[dict[str, str]]:
     return list(csv.DictReader(io.StringIO(text[start:])))
 
 
-_NCU_SCALE = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "nsecond": 1,
-              "usecond": 1e3, "msecond": 1e6, "second": 1e9}
+# ncu's units in bytes and in nanoseconds: older versions write "usecond", 2025.3's raw page "us".
+NCU_BYTES = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
+NCU_NANOSECONDS = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9, "nsecond": 1.0, "usecond": 1e3,
+                   "msecond": 1e6, "second": 1e9}
+_NCU_SCALE = {**NCU_BYTES, **NCU_NANOSECONDS}
 
 
 def _ncu_value(row: dict[str, str]) -> float:
@@ -291,8 +297,8 @@ def ncu_kernel_time(op: str, impl: str, case: str, *, calls: int = 10) -> float:
     compilation and autotuning kernels are not."""
     _require_ncu()
     result = subprocess.run([*NCU_BASE, "--metrics", "gpu__time_duration.sum",
-                             *_child("run", op, impl, case, "--calls", str(calls))],
-                            capture_output=True, text=True, env=_child_env(), timeout=900)
+                             *child_command("run", op, impl, case, "--calls", str(calls))],
+                            capture_output=True, text=True, env=child_env(), timeout=900)
     if result.returncode:
         raise RuntimeError(f"ncu failed: {(result.stderr or result.stdout)[-500:]}")
     durations = [_ncu_value(r) * 1e-9 for r in parse_ncu_rows(result.stdout)
@@ -308,8 +314,8 @@ def trace_in_subprocess(op: str, impl: str, case: str, *, calls: int = 30) -> fl
     """The independent profiler's median kernel time in a fresh process (XLA's trace for JAX
     code, torch.profiler's for torch-side code): CUPTI takes one subscriber at a time, and
     the profiler there is untouched by the timer's CUPTI use here."""
-    result = subprocess.run(_child("trace", op, impl, case, "--calls", str(calls)),
-                            capture_output=True, text=True, env=_child_env(), timeout=900)
+    result = subprocess.run(child_command("trace", op, impl, case, "--calls", str(calls)),
+                            capture_output=True, text=True, env=child_env(), timeout=900)
     if result.returncode:
         raise RuntimeError(f"profiler trace failed: {result.stderr[-500:]}")
     return float(result.stdout.split()[-1])
@@ -323,7 +329,7 @@ def dram_bytes_check(op: str, impl: str, case: str) -> str:
     operation = registry.operation(op)
     work = operation.work(operation.case(case), "fwd")
     result = subprocess.run(ncu_dram_command(op, impl, case), capture_output=True, text=True,
-                            env=_child_env(), check=True)
+                            env=child_env(), check=True)
     totals = parse_ncu_csv(result.stdout)
     dram = totals["dram__bytes_read.sum"] + totals["dram__bytes_write.sum"]
     verdict = "ok" if work.bytes * (1 - DRAM_TOLERANCE) <= dram <= work.bytes * (

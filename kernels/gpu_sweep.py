@@ -189,39 +189,35 @@ def part_api(out: pathlib.Path, jobs: int) -> list[list[str]]:
         return list(pool.map(lambda call: _api_row(*call), calls))
 
 
-# A program that does what the CUDA tests do, minus the tests: CUDA initialised (torch), then
-# nvcc run in a child process on a fresh source, the library loaded with ctypes and its kernel
-# launched, ten times. Run under the sanitizer, it places the fault (if it reproduces) outside
-# this repository's code.
-BUILD_PROBE = """
-import ctypes, os, subprocess, tempfile, torch
+# Programs that do what the CUDA tests do to the GPU, minus the tests, for a minimal
+# reproduction of the sanitizer's fault: they use nothing of this repository. Both start with
+# CUDA initialised (torch) and build(i): a kernel adding i to x, compiled by nvcc in a child
+# process and loaded with ctypes.
+_PROBE_PRELUDE = """
+import ctypes, os, subprocess, tempfile, time, torch
 x = torch.zeros(32, device="cuda")
 folder = tempfile.mkdtemp()
-for i in range(10):
-    source = os.path.join(folder, f"k{i}.cu")
+
+def build(i):
+    source, library = (os.path.join(folder, f"k{i}.{ext}") for ext in ("cu", "so"))
     with open(source, "w") as f:
         f.write('__global__ void kernelperf_probe(float* x) { x[threadIdx.x] += %d; }\\n'
                 'extern "C" void launch(float* x) { kernelperf_probe<<<1, 32>>>(x); }\\n' % i)
-    library = os.path.join(folder, f"k{i}.so")
     subprocess.run(["nvcc", "-shared", "-Xcompiler", "-fPIC", "-arch=sm_90a", source, "-o",
                     library], check=True)
-    ctypes.CDLL(library).launch(ctypes.c_void_p(x.data_ptr()))
+    return ctypes.CDLL(library).launch
+"""
+# Ten builds, each launched once.
+BUILD_PROBE = _PROBE_PRELUDE + """
+for i in range(10):
+    build(i)(ctypes.c_void_p(x.data_ptr()))
     torch.cuda.synchronize()
 print("sum", x.sum().item(), "expected", 32 * sum(range(10)))
 """
 # The tests' other pattern: thousands of launches of instrumented kernels with a child process
 # now and then (`nvcc --version` for the build cache's key), for 45 s.
-LAUNCH_PROBE = """
-import ctypes, os, subprocess, tempfile, time, torch
-x = torch.zeros(32, device="cuda")
-folder = tempfile.mkdtemp()
-source, library = os.path.join(folder, "k.cu"), os.path.join(folder, "k.so")
-with open(source, "w") as f:
-    f.write('__global__ void kernelperf_probe(float* x) { x[threadIdx.x] += 1; }\\n'
-            'extern "C" void launch(float* x) { kernelperf_probe<<<1, 32>>>(x); }\\n')
-subprocess.run(["nvcc", "-shared", "-Xcompiler", "-fPIC", "-arch=sm_90a", source, "-o", library],
-               check=True)
-launch, launches, end = ctypes.CDLL(library).launch, 0, time.time() + 45
+LAUNCH_PROBE = _PROBE_PRELUDE + """
+launch, launches, end = build(1), 0, time.time() + 45
 while time.time() < end:
     for _ in range(200):
         launch(ctypes.c_void_p(x.data_ptr()))
