@@ -13,9 +13,10 @@ Part "sanitizer": `compute-sanitizer --tool memcheck` over `pytest -m "cuda and 
 SIGSEGV now and then on the H100, in the sanitizer's own executable. Each arm of
 SANITIZER_ARMS runs `--repeats` times (`--jobs` at a time): memcheck following child processes
 (its default); not following them; following them with nvcc's build cache already filled; no
-sanitizer; and two programs of a few lines that do what the tests do to the GPU: BUILD_PROBE
-(nvcc in a child process, ctypes load, launch) and LAUNCH_PROBE (many launches, a child
-process now and then), candidates for a minimal reproduction. The kernel log's segfault
+sanitizer; and programs of a few lines that do what the tests do to the GPU, candidates for a
+minimal reproduction: BUILD_PROBE (nvcc in a child process, ctypes load, launch),
+LAUNCH_PROBE (many launches, a child process now and then), CHILDREN_PROBE (torch's kernels
+between short-lived children) and NO_CUDA_PROBE (the children alone). The kernel log's segfault
 lines (dmesg) name the process that faulted. Output: a table on stdout; in DIR (default $OUT, else
 ./gpu_sweep_out) every api call's output in api.log and each sanitizer run's log, with the
 last test started and faulthandler's innermost Python frame named in the table when a run
@@ -226,7 +227,29 @@ while time.time() < end:
     subprocess.run(["nvcc", "--version"], capture_output=True, check=True)
 print("launches", launches, "sum", x.sum().item(), "expected", 32 * launches)
 """
-PROBES = {"build probe": BUILD_PROBE, "launch probe": LAUNCH_PROBE}
+# Smaller still: torch's own kernels launched between short-lived children (`true`), no nvcc,
+# no ctypes; and the children alone, from a process that never touches CUDA.
+CHILDREN_PROBE = """
+import subprocess, time, torch
+x, children, end = torch.zeros(1 << 20, device="cuda"), 0, time.time() + 45
+while time.time() < end:
+    for _ in range(50):
+        x.add_(1)
+    torch.cuda.synchronize()
+    subprocess.run(["true"], check=True)
+    children += 1
+print("children", children, "all equal", bool((x == 50 * children).all().item()))
+"""
+NO_CUDA_PROBE = """
+import subprocess, time
+children, end = 0, time.time() + 45
+while time.time() < end:
+    subprocess.run(["true"], check=True)
+    children += 1
+print("children", children)
+"""
+PROBES = {"build probe": BUILD_PROBE, "launch probe": LAUNCH_PROBE,
+          "children probe": CHILDREN_PROBE, "no-CUDA probe": NO_CUDA_PROBE}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,6 +277,11 @@ SANITIZER_ARMS = (
     SanitizerArm("tests, no sanitizer", "tests", None),
     SanitizerArm("nvcc + ctypes probe, memcheck", "build probe", ("--tool", "memcheck")),
     SanitizerArm("launches + children probe, memcheck", "launch probe", MEMCHECK),
+    SanitizerArm("torch + children probe, memcheck", "children probe", ("--tool", "memcheck")),
+    SanitizerArm("torch + children probe, memcheck, application-only", "children probe",
+                 ("--tool", "memcheck", "--target-processes", "application-only")),
+    SanitizerArm("children without CUDA probe, memcheck", "no-CUDA probe",
+                 ("--tool", "memcheck")),
 )
 
 
