@@ -10,17 +10,17 @@ the end of the sweep. A row passes if the kernel returns the right result (compa
 torch's own) or raises a TypeError / ValueError before launching; anything else is reported.
 
 Part "sanitizer": `compute-sanitizer --tool memcheck` over `pytest -m "cuda and small"` dies by
-SIGSEGV now and then on the H100, in the sanitizer's own executable. Each arm of
-SANITIZER_ARMS runs `--repeats` times (`--jobs` at a time): memcheck following child processes
-(its default); not following them; following them with nvcc's build cache already filled; no
-sanitizer; and programs of a few lines that do what the tests do to the GPU, candidates for a
-minimal reproduction: BUILD_PROBE (nvcc in a child process, ctypes load, launch),
-LAUNCH_PROBE (many launches, a child process now and then), CHILDREN_PROBE (torch's kernels
-between short-lived children) and NO_CUDA_PROBE (the children alone). The kernel log's segfault
-lines (dmesg) name the process that faulted. Output: a table on stdout; in DIR (default $OUT, else
-./gpu_sweep_out) every api call's output in api.log and each sanitizer run's log, with the
-last test started and faulthandler's innermost Python frame named in the table when a run
-died. Exit status 1 when an api row is neither correct nor a clear error, or a sanitizer run
+SIGSEGV now and then on the H100, in the sanitizer's own executable. Each arm of SANITIZER_ARMS
+runs `--repeats` times (`--jobs` at a time): memcheck following child processes (its default);
+not following them; following them with nvcc's build cache already filled; no sanitizer; and
+programs of a few lines that do what the tests do to the GPU, candidates for a minimal
+reproduction: BUILD_PROBE (nvcc in a child process, ctypes load, launch), LAUNCH_PROBE (many
+launches, a child process now and then), CHILDREN_PROBE (torch's kernels between short-lived
+children) and JAX_PROBE (JAX compiling, nvcc building, ctypes loading). The kernel log's
+segfault lines (dmesg) name the process that faulted. Output: a table on stdout; in DIR (default
+$OUT, else ./gpu_sweep_out) every api call's output in api.log and each sanitizer run's log,
+with the last test started and faulthandler's innermost Python frame named in the table when a
+run died. Exit status 1 when an api row is neither correct nor a clear error, or a sanitizer run
 did not exit 0.
 """
 
@@ -227,8 +227,9 @@ while time.time() < end:
     subprocess.run(["nvcc", "--version"], capture_output=True, check=True)
 print("launches", launches, "sum", x.sum().item(), "expected", 32 * launches)
 """
-# Smaller still: torch's own kernels launched between short-lived children (`true`), no nvcc,
-# no ctypes; and the children alone, from a process that never touches CUDA.
+# Smaller: torch's own kernels launched between short-lived children (`true`), no nvcc, no
+# ctypes. (A probe with no CUDA at all cannot serve: memcheck ends such a target with "Target
+# application terminated before first instrumented API call", exit 255.)
 CHILDREN_PROBE = """
 import subprocess, time, torch
 x, children, end = torch.zeros(1 << 20, device="cuda"), 0, time.time() + 45
@@ -240,16 +241,21 @@ while time.time() < end:
     children += 1
 print("children", children, "all equal", bool((x == 50 * children).all().item()))
 """
-NO_CUDA_PROBE = """
-import subprocess, time
-children, end = 0, time.time() + 45
+# Closer to the tests: JAX's GPU client in the process too, a new XLA compilation and a new
+# nvcc-built module loaded and launched at every step, for 60 s.
+JAX_PROBE = _PROBE_PRELUDE + """
+import jax, jax.numpy as jnp
+steps, end = 0, time.time() + 60
 while time.time() < end:
-    subprocess.run(["true"], check=True)
-    children += 1
-print("children", children)
+    build(steps)(ctypes.c_void_p(x.data_ptr()))
+    torch.cuda.synchronize()
+    y = jax.jit(lambda a: jnp.exp(a - a.max()) / (steps + 1))(jnp.ones((15, 100 + steps)))
+    y.block_until_ready()
+    steps += 1
+print("steps", steps, "sum", x.sum().item(), "expected", 32 * sum(range(steps)))
 """
 PROBES = {"build probe": BUILD_PROBE, "launch probe": LAUNCH_PROBE,
-          "children probe": CHILDREN_PROBE, "no-CUDA probe": NO_CUDA_PROBE}
+          "children probe": CHILDREN_PROBE, "JAX probe": JAX_PROBE}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,8 +286,9 @@ SANITIZER_ARMS = (
     SanitizerArm("torch + children probe, memcheck", "children probe", ("--tool", "memcheck")),
     SanitizerArm("torch + children probe, memcheck, application-only", "children probe",
                  ("--tool", "memcheck", "--target-processes", "application-only")),
-    SanitizerArm("children without CUDA probe, memcheck", "no-CUDA probe",
-                 ("--tool", "memcheck")),
+    SanitizerArm("JAX + nvcc + ctypes probe, memcheck", "JAX probe", ("--tool", "memcheck")),
+    SanitizerArm("JAX + nvcc + ctypes probe, memcheck, application-only", "JAX probe",
+                 ("--tool", "memcheck", "--target-processes", "application-only")),
 )
 
 
