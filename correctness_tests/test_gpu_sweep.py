@@ -90,3 +90,16 @@ def test_every_arm_runs_a_program_that_exists_and_parses():
         assert arm.program == "tests" or arm.program in gpu_sweep.PROBES, arm
     for name, source in gpu_sweep.PROBES.items():
         compile(source, name, "exec")
+
+
+def test_an_arm_can_select_tests(monkeypatch, tmp_path):
+    """An arm's tests_k reaches pytest as -k (the sweep halves the tests to find the fault)."""
+    commands = []
+    monkeypatch.setattr(gpu_sweep, "_kernel_segfaults", lambda: [])
+    monkeypatch.setattr(gpu_sweep.shutil, "which", lambda name: "/bin/true")
+    monkeypatch.setattr(gpu_sweep, "_run", lambda command, *a, **k: (commands.append(command),
+                                                                   ("exit 0", 1.0))[1])
+    arm = gpu_sweep.SanitizerArm("some", "tests", gpu_sweep.MEMCHECK, tests_k="test_x")
+    gpu_sweep.part_sanitizer(tmp_path, 1.0, repeats=1, jobs=1, arms=(arm,))
+    assert commands[0][:len(gpu_sweep.MEMCHECK) + 1] == ["/bin/true", *gpu_sweep.MEMCHECK]
+    assert commands[0][-2:] == ["-k", "test_x"]

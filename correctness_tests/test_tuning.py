@@ -87,9 +87,10 @@ def test_tune_command_rejects_unknown_impl(capsys):
 
 
 def test_triton_attention_picks_its_config_by_gpu_head_dim_and_causal(monkeypatch):
-    """The H100's head_dim 64 backward config ran the causal backward at 0.22x cuDNN: causal
-    must keep the defaults there. Another sm_90 GPU (the H200) takes the H100's configs (the
-    generic ones ran its head_dim 128 backward at 0.30x); other GPUs the generic config."""
+    """head_dim 64 has one config per mask (its best forward differs: 128-query tiles by
+    pointer loads without the mask, 64 by TMA with it), head_dim 128 one for both. Another
+    sm_90 GPU (the H200) takes the H100's configs (the generic ones ran its head_dim 128
+    backward at 0.30x); other GPUs the generic config."""
     import torch
 
     from kernels.ops.attention import triton as attention_triton
@@ -99,7 +100,7 @@ def test_triton_attention_picks_its_config_by_gpu_head_dim_and_causal(monkeypatc
     h100 = attention_triton.CONFIGS["NVIDIA H100 80GB HBM3"]
     pick = functools.partial(attention_triton.default_config, torch.bfloat16)
     assert pick(64, cuda, False) == h100[(64, False)]
-    assert pick(64, cuda, True) == h100[64] == attention_triton.AttentionConfig()
+    assert pick(64, cuda, True) == h100[(64, True)] != h100[(64, False)]
     assert pick(128, cuda, True) == pick(128, cuda, False) == h100[128]
     assert pick(64, torch.device("cpu"), False) == attention_triton.INTERPRETER_CONFIG
     assert attention_triton.default_config(torch.float32, 64, cuda) == \

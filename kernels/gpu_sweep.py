@@ -260,13 +260,15 @@ PROBES = {"build probe": BUILD_PROBE, "launch probe": LAUNCH_PROBE,
 
 @dataclasses.dataclass(frozen=True)
 class SanitizerArm:
-    """One way to run: the program ("tests": the CUDA tests, or a key of PROBES), the
-    sanitizer's arguments (None: no sanitizer), and whether nvcc's build cache starts empty."""
+    """One way to run: the program ("tests": the CUDA tests, those `-k tests_k` selects if
+    set; or a key of PROBES), the sanitizer's arguments (None: no sanitizer), and whether
+    nvcc's build cache starts empty."""
 
     label: str
     program: str
     sanitizer: tuple[str, ...] | None
     empty_build_cache: bool = True
+    tests_k: str = ""
 
 
 MEMCHECK = ("--tool", "memcheck", "--kernel-name", "kns=kernelperf_")
@@ -287,6 +289,15 @@ SANITIZER_ARMS = (
     SanitizerArm("torch + children probe, memcheck, application-only", "children probe",
                  ("--tool", "memcheck", "--target-processes", "application-only")),
     SanitizerArm("JAX + nvcc + ctypes probe, memcheck", "JAX probe", ("--tool", "memcheck")),
+    # Halving the tests: the runs that died had started test_softmax_versions (most) or a
+    # test_small_registry_cases item of the CUDA matmuls, 25-75 s in.
+    SanitizerArm("softmax versions alone, memcheck", "tests", MEMCHECK,
+                 tests_k="test_softmax_versions"),
+    SanitizerArm("softmax versions alone, memcheck, application-only", "tests",
+                 MEMCHECK + ("--target-processes", "application-only"),
+                 tests_k="test_softmax_versions"),
+    SanitizerArm("registry cases alone, memcheck", "tests", MEMCHECK,
+                 tests_k="test_small_registry_cases"),
     SanitizerArm("JAX + nvcc + ctypes probe, memcheck, application-only", "JAX probe",
                  ("--tool", "memcheck", "--target-processes", "application-only")),
 )
@@ -320,8 +331,8 @@ def part_sanitizer(out: pathlib.Path, minutes: float, repeats: int = 1, jobs: in
         env = dict(os.environ, PYTHONFAULTHANDLER="1", XLA_PYTHON_CLIENT_PREALLOCATE="false",
                    KERNELPERF_CUDA_CACHE=build_cache,
                    KERNELPERF_COMPILATION_CACHE=tempfile.mkdtemp(prefix="kernelperf-jax-"))
-        program = tests if arm.program == "tests" else [sys.executable, "-c",
-                                                         PROBES[arm.program]]
+        program = ((tests + (["-k", arm.tests_k] if arm.tests_k else []))
+                   if arm.program == "tests" else [sys.executable, "-c", PROBES[arm.program]])
         command = ([sanitizer, *arm.sanitizer] if arm.sanitizer else []) + program
         name = "".join(c if c.isalnum() else "_" for c in arm.label)
         log = out / f"sanitizer_{name}_{index + 1}.log"

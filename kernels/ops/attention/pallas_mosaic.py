@@ -116,10 +116,14 @@ class MosaicAttentionConfig:
 # before the schedule barrier, waiting for the next K block under the P V wgmma) changed it
 # by under 0.5%. head_dim 64 has the room for block_kv 256: 0.915x -> 0.959x (causal 1.008x ->
 # 1.028x). The backward's dQ kernel with 128-key blocks and 2 stages: 0.806x -> 0.833x at
-# head_dim 128, 0.785x -> 0.810x at 64 (causal: 0.864x -> 0.863x, 0.895x -> 0.910x).
+# head_dim 128, 0.785x -> 0.810x at 64 (causal: 0.864x -> 0.863x, 0.895x -> 0.910x). After the
+# grid change (2026-11-25, two runs): head_dim 64's dK/dV kernel streaming 128-query blocks
+# 0.81x -> 0.86x (causal 0.96x -> 1.00x); at 128 it lost (0.90x -> 0.80x), and a third stage
+# does not fit there; 64-key dQ blocks and deeper rings changed nothing at 64.
 GPU_DEFAULTS = {
     128: MosaicAttentionConfig(block_kv_dq=128, max_concurrent_steps_bwd=2),
-    64: MosaicAttentionConfig(block_kv=256, block_kv_dq=128, max_concurrent_steps_bwd=2),
+    64: MosaicAttentionConfig(block_kv=256, block_q_dkv=128, block_kv_dq=128,
+                              max_concurrent_steps_bwd=2),
 }
 GPU_DEFAULT = GPU_DEFAULTS[128]
 TUNING_CASE = "bf16-4x4096x16x128"

@@ -15,7 +15,13 @@ Backward (Algorithm 2, split in two kernels so neither needs atomics):
 delta = rowsum(dO * O) first; then one program per key block accumulates
 dK and dV over query blocks, and one program per query block accumulates dQ
 over key blocks. Both recompute P = exp2(S * scale * log2(e) - lse) from Q, K
-and the saved log-sum-exp: five matmuls in all.
+and the saved log-sum-exp: seven matmuls in all (five with atomics for dQ).
+
+Streamed blocks (K and V in the forward and dQ kernels, Q and dO in dK/dV) come
+by pointer loads or, where the config asks and the GPU has it, by TMA from
+tensor descriptors over (batch, seq, heads, head_dim), whose zero fill past the
+sequence replaces the load masks; the config also picks tiles small enough for
+two CTAs per SM (AttentionConfig, CONFIGS).
 
 Inputs are (batch, seq, heads, head_dim), bf16/f16 (f32 with IEEE float32
 dots: the operation's float32 tolerance rules out TF32). P and dS are
@@ -29,6 +35,7 @@ import dataclasses
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import compat, frameworks, registry, validation
 from kernels.ops.attention import spec
@@ -48,6 +55,10 @@ class AttentionConfig:
     dq_num_warps / dq_num_stages are set (0: those of dK/dV). Causal masking of
     a diagonal block assumes block_m % block_n == 0, block_n1 % block_m1 == 0 and
     block_m2 % block_n2 == 0 (each step then lies on or off the diagonal).
+    tma / bwd_tma: the forward's / the backward kernels' streamed blocks (K and V;
+    Q and dO for dK/dV) come by TMA from tensor descriptors instead of pointer
+    loads, where the GPU has TMA (sm_90 and later) and the tensors are 16-byte
+    aligned; zero-filled past the sequence.
     """
 
     block_m: int = 128
@@ -62,12 +73,18 @@ class AttentionConfig:
     bwd_num_stages: int = 3
     dq_num_warps: int = 0  # 0: as bwd_num_warps
     dq_num_stages: int = 0  # 0: as bwd_num_stages
+    tma: bool = False
+    bwd_tma: bool = False
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
+            if isinstance(field.default, bool):
+                if not isinstance(value, bool):
+                    raise TypeError(f"{field.name}: expected True or False, got {value!r}")
+                continue
             floor = 0 if field.name.startswith("dq_") else 1
-            if not isinstance(value, int) or value < floor:
+            if not isinstance(value, int) or isinstance(value, bool) or value < floor:
                 raise ValueError(f"{field.name}: expected an int >= {floor}, got {value!r}")
             if "stages" not in field.name and value & (value - 1):
                 raise ValueError(f"{field.name}: expected a power of two, got {value}")
@@ -79,22 +96,28 @@ class AttentionConfig:
 
 
 # Per GPU model (torch.cuda.get_device_name) and head_dim, bf16/f16; float32 tiles are
-# smaller (4-byte elements, and IEEE dots use no tensor cores). From an H100 sweep of five
-# configs (do_bench, bf16, b4 s4096): head_dim 128 forward 128 x 64 at 468 TFLOP/s (128 x 128:
-# 476 non-causal but 405 vs 424 causal); its backward with 64-wide dK/dV steps at 349 TFLOP/s
-# (32 x 128 with 4 warps: 165), 368 with 3 pipeline stages instead of 2. head_dim 64 (sweep of
-# 2026-11-25, CUPTI against cuDNN in the same run; perf_tests/RESULTS.md): the backward with
-# 64-query dK/dV steps 0.704x -> 0.759x cuDNN, with a dQ kernel of 64-key steps, 8 warps and
-# 4 stages too 0.798x; but the same config ran the causal backward at 0.22x (2.29 ms against
-# cuDNN's 0.51 ms), so causal keeps the defaults. Forward tiles, warps and stages around the
-# defaults were all slower. Keys: (head_dim, causal), or head_dim for both.
+# smaller (4-byte elements, and IEEE dots use no tensor cores). Keys: (head_dim, causal), or
+# head_dim for both. H100 sweeps of 2026-11-25 (CUPTI, cold L2, cuDNN in the same run, cuDNN's
+# time over ours; perf_tests/RESULTS.md), head_dim 128 / 128 causal / 64 / 64 causal:
+# - forward: 128 x 64 tiles, 8 warps, pointer loads 0.73 / 0.74 / 0.91 / 0.87; 64 x 64 with 4
+#   warps (two CTAs per SM) and K, V by TMA 0.78 / 0.81 / 0.85 / 0.89 (by pointer loads 0.72 /
+#   0.74 / 0.84 / 0.88); 128 x 64 by TMA 0.68 / 0.72 / 0.84 / 0.82; 128 x 128, 4 stages, and
+#   Triton's Hopper warp specialization (tl.range(warp_specialize=True): 8 warps no faster,
+#   4 warps do not compile) all slower.
+# - backward: 64-query dK/dV steps and 64-key dQ steps with 8 warps, pointer loads 0.67 /
+#   0.74 / 0.80 / 0.75 (the last 32 x 128 with 4 warps, the first session's defaults); 64 x 64
+#   tiles in both kernels with 4 warps and Q, dO, K, V by TMA 0.78 (2 stages) / 0.81 (2) /
+#   0.83 (3) / 0.87 (3); the same by pointer loads 0.67 / 0.70 / 0.74 / 0.87.
 CONFIGS = {
     "NVIDIA H100 80GB HBM3": {
-        (64, False): AttentionConfig(block_m1=64, block_n2=64, dq_num_warps=8, dq_num_stages=4),
-        64: AttentionConfig(),
-        128: AttentionConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, block_m1=64,
-                             block_n1=128, block_m2=128, block_n2=64, bwd_num_warps=8,
-                             bwd_num_stages=3),
+        128: AttentionConfig(block_m=64, block_n=64, num_warps=4, num_stages=3, tma=True,
+                             block_m1=64, block_n1=64, block_m2=64, block_n2=64,
+                             bwd_num_warps=4, bwd_num_stages=2, bwd_tma=True),
+        (64, False): AttentionConfig(block_m1=64, block_n1=64, block_m2=64, block_n2=64,
+                                     bwd_num_warps=4, bwd_num_stages=3, bwd_tma=True),
+        (64, True): AttentionConfig(block_m=64, block_n=64, num_warps=4, num_stages=3, tma=True,
+                                    block_m1=64, block_n1=64, block_m2=64, block_n2=64,
+                                    bwd_num_warps=4, bwd_num_stages=3, bwd_tma=True),
     },
 }
 # Other GPUs of a tuned one's SM architecture take its configs: on the H200 (sm_90 like the
@@ -106,10 +129,12 @@ FLOAT32_CONFIG = AttentionConfig(block_m=64, block_n=32, num_warps=4, num_stages
                                  block_n1=64, block_m2=64, block_n2=16, bwd_num_warps=4,
                                  bwd_num_stages=2)
 # The interpreter runs each program in NumPy: small tiles keep CPU tests quick and still send
-# the tiny cases (seq 37, 65, 80) through several blocks, masked and unmasked.
+# the tiny cases (seq 37, 65, 80) through several blocks, masked and unmasked. TMA as on the
+# H100 (the interpreter emulates descriptors); correctness_tests/test_triton_attention.py
+# runs the pointer loads too.
 INTERPRETER_CONFIG = AttentionConfig(block_m=32, block_n=16, num_warps=4, num_stages=1,
                                      block_m1=16, block_n1=32, block_m2=32, block_n2=16,
-                                     bwd_num_warps=4, bwd_num_stages=1)
+                                     bwd_num_warps=4, bwd_num_stages=1, tma=True, bwd_tma=True)
 
 
 def default_config(dtype: torch.dtype, head_dim: int, device: torch.device,
@@ -124,17 +149,28 @@ def default_config(dtype: torch.dtype, head_dim: int, device: torch.device,
 
 
 @triton.jit
-def _forward_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, start, end, seq, stride_s,
-                   qk_scale, BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr,
-                   BOUNDS: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Online softmax over key blocks [start, end), masking only where asked (constexpr)."""
+def _tma_rows(desc, b, h, start, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Rows start .. start + BLOCK - 1 of head (b, h), (BLOCK, HEAD_DIM), by TMA from a
+    descriptor of (batch, seq, heads, head_dim): zeros past the sequence."""
+    return desc.load([b, start, h, 0]).reshape(BLOCK, HEAD_DIM)
+
+
+@triton.jit
+def _forward_inner(acc, l_i, m_i, q, k_src, v_src, b, h, offs_m, offs_n, start, end, seq,
+                   stride_s, qk_scale, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   CAUSAL_MASK: tl.constexpr, BOUNDS: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr, TMA: tl.constexpr):
+    """Online softmax over key blocks [start, end), masking only where asked (constexpr).
+    k_src / v_src: TMA descriptors, or pointers to the K^T / V tiles of block 0."""
     for start_n in range(start, end, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         keys = start_n + offs_n
-        if BOUNDS:
-            k = tl.load(k_ptrs + start_n * stride_s, mask=keys[None, :] < seq, other=0.0)
+        if TMA:
+            k = _tma_rows(k_src, b, h, start_n, BLOCK_N, HEAD_DIM).T
+        elif BOUNDS:
+            k = tl.load(k_src + start_n * stride_s, mask=keys[None, :] < seq, other=0.0)
         else:
-            k = tl.load(k_ptrs + start_n * stride_s)
+            k = tl.load(k_src + start_n * stride_s)
         s = tl.dot(q, k, input_precision=DOT_PRECISION)
         if CAUSAL_MASK or BOUNDS:
             keep = keys[None, :] < seq
@@ -147,10 +183,12 @@ def _forward_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, start, end,
         p = tl.math.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if BOUNDS:
-            v = tl.load(v_ptrs + start_n * stride_s, mask=keys[:, None] < seq, other=0.0)
+        if TMA:
+            v = _tma_rows(v_src, b, h, start_n, BLOCK_N, HEAD_DIM)
+        elif BOUNDS:
+            v = tl.load(v_src + start_n * stride_s, mask=keys[:, None] < seq, other=0.0)
         else:
-            v = tl.load(v_ptrs + start_n * stride_s)
+            v = tl.load(v_src + start_n * stride_s)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
@@ -165,21 +203,26 @@ def attention_forward_kernel(
     # Shapes and strides (q, k, v, o share one contiguous layout)
     stride_b, stride_s, stride_h, heads, seq, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
+    """k_ptr / v_ptr: TMA descriptors when TMA, else the tensors."""
     if CAUSAL:  # the longest query blocks (most keys) first: a shorter tail of the grid
         start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     else:
         start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
-    offset = (bh // heads).to(tl.int64) * stride_b + (bh % heads).to(tl.int64) * stride_h
+    b, h = bh // heads, bh % heads
+    offset = b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + offset + offs_m[:, None] * stride_s + offs_d[None, :],
                 mask=offs_m[:, None] < seq, other=0.0)
-    k_ptrs = k_ptr + offset + offs_n[None, :] * stride_s + offs_d[:, None]  # K^T tile
-    v_ptrs = v_ptr + offset + offs_n[:, None] * stride_s + offs_d[None, :]
+    if TMA:
+        k_src, v_src = k_ptr, v_ptr
+    else:
+        k_src = k_ptr + offset + offs_n[None, :] * stride_s + offs_d[:, None]  # K^T tile
+        v_src = v_ptr + offset + offs_n[:, None] * stride_s + offs_d[None, :]
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -192,11 +235,12 @@ def attention_forward_kernel(
     else:
         end = seq
         full_end = (seq // BLOCK_N) * BLOCK_N
-    acc, l_i, m_i = _forward_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, 0, full_end,
-                                   seq, stride_s, qk_scale, BLOCK_N, False, False, DOT_PRECISION)
-    acc, l_i, m_i = _forward_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, full_end,
-                                   end, seq, stride_s, qk_scale, BLOCK_N, CAUSAL, True,
-                                   DOT_PRECISION)
+    acc, l_i, m_i = _forward_inner(acc, l_i, m_i, q, k_src, v_src, b, h, offs_m, offs_n, 0,
+                                   full_end, seq, stride_s, qk_scale, BLOCK_N, HEAD_DIM, False,
+                                   False, DOT_PRECISION, TMA)
+    acc, l_i, m_i = _forward_inner(acc, l_i, m_i, q, k_src, v_src, b, h, offs_m, offs_n,
+                                   full_end, end, seq, stride_s, qk_scale, BLOCK_N, HEAD_DIM,
+                                   CAUSAL, True, DOT_PRECISION, TMA)
     in_range = offs_m < seq
     tl.store(lse_ptr + bh.to(tl.int64) * seq + offs_m, m_i + tl.math.log2(l_i), mask=in_range)
     o = acc / l_i[:, None]
@@ -226,23 +270,30 @@ def attention_backward_kernel_delta(
 
 
 @triton.jit
-def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, offs_n, offs_m, start, end,
-                seq, stride_s, qk_scale, BLOCK_M: tl.constexpr, CAUSAL_MASK: tl.constexpr,
-                BOUNDS: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """dV += P^T dO and dK += dS^T Q over query blocks [start, end) (dK unscaled)."""
+def _dkdv_inner(dk, dv, k, v, q_src, do_src, b, h, lse_ptr, delta_ptr, offs_n, offs_m, start,
+                end, seq, stride_s, qk_scale, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+                CAUSAL_MASK: tl.constexpr, BOUNDS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                TMA: tl.constexpr):
+    """dV += P^T dO and dK += dS^T Q over query blocks [start, end) (dK unscaled).
+    q_src / do_src: TMA descriptors, or pointers to the Q^T / dO tiles of block 0."""
     for start_m in range(start, end, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         queries = start_m + offs_m
+        if TMA:
+            q_t = _tma_rows(q_src, b, h, start_m, BLOCK_M, HEAD_DIM).T
+            do = _tma_rows(do_src, b, h, start_m, BLOCK_M, HEAD_DIM)
+        elif BOUNDS:
+            q_t = tl.load(q_src + start_m * stride_s, mask=queries[None, :] < seq, other=0.0)
+            do = tl.load(do_src + start_m * stride_s, mask=queries[:, None] < seq, other=0.0)
+        else:
+            q_t = tl.load(q_src + start_m * stride_s)
+            do = tl.load(do_src + start_m * stride_s)
         if BOUNDS:
             in_range = queries < seq
-            q_t = tl.load(q_ptrs + start_m * stride_s, mask=in_range[None, :], other=0.0)
-            do = tl.load(do_ptrs + start_m * stride_s, mask=in_range[:, None], other=0.0)
             # +inf log-sum-exp makes P exactly 0 for queries past the end.
             lse = tl.load(lse_ptr + queries, mask=in_range, other=float("inf"))
             delta = tl.load(delta_ptr + queries, mask=in_range, other=0.0)
         else:
-            q_t = tl.load(q_ptrs + start_m * stride_s)
-            do = tl.load(do_ptrs + start_m * stride_s)
             lse = tl.load(lse_ptr + queries)
             delta = tl.load(delta_ptr + queries)
         s_t = tl.dot(k, q_t, input_precision=DOT_PRECISION)
@@ -265,11 +316,13 @@ def attention_backward_kernel_dkdv(
     dk_ptr, dv_ptr,
     stride_b, stride_s, stride_h, heads, seq, qk_scale, scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
+    """q_ptr / do_ptr: TMA descriptors when TMA, else the tensors."""
     start_n = tl.program_id(0) * BLOCK_N
     bh = tl.program_id(1)
-    offset = (bh // heads).to(tl.int64) * stride_b + (bh % heads).to(tl.int64) * stride_h
+    b, h = bh // heads, bh % heads
+    offset = b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -277,8 +330,11 @@ def attention_backward_kernel_dkdv(
     keys_in_range = offs_n[:, None] < seq
     k = tl.load(k_ptr + kv_index, mask=keys_in_range, other=0.0)
     v = tl.load(v_ptr + kv_index, mask=keys_in_range, other=0.0)
-    q_ptrs = q_ptr + offset + offs_m[None, :] * stride_s + offs_d[:, None]  # Q^T tile
-    do_ptrs = do_ptr + offset + offs_m[:, None] * stride_s + offs_d[None, :]
+    if TMA:
+        q_src, do_src = q_ptr, do_ptr
+    else:
+        q_src = q_ptr + offset + offs_m[None, :] * stride_s + offs_d[:, None]  # Q^T tile
+        do_src = do_ptr + offset + offs_m[:, None] * stride_s + offs_d[None, :]
     lse_ptr += bh.to(tl.int64) * seq
     delta_ptr += bh.to(tl.int64) * seq
 
@@ -289,34 +345,39 @@ def attention_backward_kernel_dkdv(
     if CAUSAL:
         # Queries before this key block see none of it; the diagonal blocks need the mask.
         start = tl.minimum(start_n + BLOCK_N, seq)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, offs_n, offs_m,
-                             start_n, start, seq, stride_s, qk_scale, BLOCK_M, True, True,
-                             DOT_PRECISION)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_src, do_src, b, h, lse_ptr, delta_ptr, offs_n,
+                             offs_m, start_n, start, seq, stride_s, qk_scale, BLOCK_M, HEAD_DIM,
+                             True, True, DOT_PRECISION, TMA)
         full_end = tl.maximum(full_end, start)
-    dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, offs_n, offs_m,
-                         start, full_end, seq, stride_s, qk_scale, BLOCK_M, False, False,
-                         DOT_PRECISION)
-    dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, offs_n, offs_m,
-                         full_end, seq, seq, stride_s, qk_scale, BLOCK_M, False, True,
-                         DOT_PRECISION)
+    dk, dv = _dkdv_inner(dk, dv, k, v, q_src, do_src, b, h, lse_ptr, delta_ptr, offs_n, offs_m,
+                         start, full_end, seq, stride_s, qk_scale, BLOCK_M, HEAD_DIM, False,
+                         False, DOT_PRECISION, TMA)
+    dk, dv = _dkdv_inner(dk, dv, k, v, q_src, do_src, b, h, lse_ptr, delta_ptr, offs_n, offs_m,
+                         full_end, seq, seq, stride_s, qk_scale, BLOCK_M, HEAD_DIM, False, True,
+                         DOT_PRECISION, TMA)
     tl.store(dk_ptr + kv_index, (dk * scale).to(dk_ptr.dtype.element_ty), mask=keys_in_range)
     tl.store(dv_ptr + kv_index, dv.to(dv_ptr.dtype.element_ty), mask=keys_in_range)
 
 
 @triton.jit
-def _dq_inner(dq, q, do, lse, delta, k_ptrs, v_ptrs, offs_m, offs_n, start, end, seq, stride_s,
-              qk_scale, BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, BOUNDS: tl.constexpr,
-              DOT_PRECISION: tl.constexpr):
-    """dQ += dS K over key blocks [start, end) (unscaled)."""
+def _dq_inner(dq, q, do, lse, delta, k_src, v_src, b, h, offs_m, offs_n, start, end, seq,
+              stride_s, qk_scale, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+              CAUSAL_MASK: tl.constexpr, BOUNDS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              TMA: tl.constexpr):
+    """dQ += dS K over key blocks [start, end) (unscaled). k_src / v_src: TMA descriptors, or
+    pointers to the K^T / V^T tiles of block 0."""
     for start_n in range(start, end, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         keys = start_n + offs_n
-        if BOUNDS:
-            k_t = tl.load(k_ptrs + start_n * stride_s, mask=keys[None, :] < seq, other=0.0)
-            v_t = tl.load(v_ptrs + start_n * stride_s, mask=keys[None, :] < seq, other=0.0)
+        if TMA:
+            k_t = _tma_rows(k_src, b, h, start_n, BLOCK_N, HEAD_DIM).T
+            v_t = _tma_rows(v_src, b, h, start_n, BLOCK_N, HEAD_DIM).T
+        elif BOUNDS:
+            k_t = tl.load(k_src + start_n * stride_s, mask=keys[None, :] < seq, other=0.0)
+            v_t = tl.load(v_src + start_n * stride_s, mask=keys[None, :] < seq, other=0.0)
         else:
-            k_t = tl.load(k_ptrs + start_n * stride_s)
-            v_t = tl.load(v_ptrs + start_n * stride_s)
+            k_t = tl.load(k_src + start_n * stride_s)
+            v_t = tl.load(v_src + start_n * stride_s)
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION)
         logits = s * qk_scale - lse[:, None]
         if CAUSAL_MASK or BOUNDS:  # masked before exp2, as in _dkdv_inner
@@ -339,11 +400,13 @@ def attention_backward_kernel_dq(
     dq_ptr,
     stride_b, stride_s, stride_h, heads, seq, qk_scale, scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
+    """k_ptr / v_ptr: TMA descriptors when TMA, else the tensors."""
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
-    offset = (bh // heads).to(tl.int64) * stride_b + (bh % heads).to(tl.int64) * stride_h
+    b, h = bh // heads, bh % heads
+    offset = b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -353,8 +416,11 @@ def attention_backward_kernel_dq(
     do = tl.load(do_ptr + index, mask=in_range[:, None], other=0.0)
     lse = tl.load(lse_ptr + bh.to(tl.int64) * seq + offs_m, mask=in_range, other=float("inf"))
     delta = tl.load(delta_ptr + bh.to(tl.int64) * seq + offs_m, mask=in_range, other=0.0)
-    k_ptrs = k_ptr + offset + offs_n[None, :] * stride_s + offs_d[:, None]  # K^T tile
-    v_ptrs = v_ptr + offset + offs_n[None, :] * stride_s + offs_d[:, None]  # V^T tile
+    if TMA:
+        k_src, v_src = k_ptr, v_ptr
+    else:
+        k_src = k_ptr + offset + offs_n[None, :] * stride_s + offs_d[:, None]  # K^T tile
+        v_src = v_ptr + offset + offs_n[None, :] * stride_s + offs_d[:, None]  # V^T tile
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     if CAUSAL:
@@ -363,10 +429,10 @@ def attention_backward_kernel_dq(
     else:
         end = seq
         full_end = (seq // BLOCK_N) * BLOCK_N
-    dq = _dq_inner(dq, q, do, lse, delta, k_ptrs, v_ptrs, offs_m, offs_n, 0, full_end, seq,
-                   stride_s, qk_scale, BLOCK_N, False, False, DOT_PRECISION)
-    dq = _dq_inner(dq, q, do, lse, delta, k_ptrs, v_ptrs, offs_m, offs_n, full_end, end, seq,
-                   stride_s, qk_scale, BLOCK_N, CAUSAL, True, DOT_PRECISION)
+    dq = _dq_inner(dq, q, do, lse, delta, k_src, v_src, b, h, offs_m, offs_n, 0, full_end, seq,
+                   stride_s, qk_scale, BLOCK_N, HEAD_DIM, False, False, DOT_PRECISION, TMA)
+    dq = _dq_inner(dq, q, do, lse, delta, k_src, v_src, b, h, offs_m, offs_n, full_end, end, seq,
+                   stride_s, qk_scale, BLOCK_N, HEAD_DIM, CAUSAL, True, DOT_PRECISION, TMA)
     tl.store(dq_ptr + index, (dq * scale).to(dq_ptr.dtype.element_ty), mask=in_range[:, None])
 
 
@@ -374,16 +440,33 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"  # "tf32" is ignored for 16-bit inputs
 
 
+def _tma_usable(*tensors: torch.Tensor) -> bool:
+    """TMA needs sm_90 or later (the interpreter emulates it) and 16-byte aligned bases."""
+    device = tensors[0].device
+    return ((device.type != "cuda" or torch.cuda.get_device_capability(device) >= (9, 0))
+            and all(x.data_ptr() % 16 == 0 for x in tensors))
+
+
+def _streamed(x: torch.Tensor, block: int, tma: bool):
+    """What a kernel streams x (batch, seq, heads, head_dim) through: a TMA descriptor of one
+    head's `block` rows at a time, or x itself for pointer loads."""
+    if not tma:
+        return x
+    return TensorDescriptor(x, list(x.shape), list(x.stride()), [1, block, 1, x.shape[-1]])
+
+
 def _forward(q, k, v, causal: bool, config: AttentionConfig):
     batch, seq, heads, head_dim = q.shape
     o = frameworks.torch_empty(q.shape, q.dtype, q.device)
     lse = frameworks.torch_empty((batch, heads, seq), torch.float32, q.device)
     grid = (triton.cdiv(seq, config.block_m), batch * heads)
+    tma = config.tma and _tma_usable(k, v)
     attention_forward_kernel[grid](
-        q, k, v, o, lse, q.stride(0), q.stride(1), q.stride(2), heads, seq,
-        spec.scale_of(head_dim) * LOG2E, HEAD_DIM=head_dim, BLOCK_M=config.block_m,
-        BLOCK_N=config.block_n, CAUSAL=causal, DOT_PRECISION=_dot_precision(q.dtype),
-        num_warps=config.num_warps, num_stages=config.num_stages)
+        q, _streamed(k, config.block_n, tma), _streamed(v, config.block_n, tma), o, lse,
+        q.stride(0), q.stride(1), q.stride(2), heads, seq, spec.scale_of(head_dim) * LOG2E,
+        HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, CAUSAL=causal,
+        DOT_PRECISION=_dot_precision(q.dtype), TMA=tma, num_warps=config.num_warps,
+        num_stages=config.num_stages)
     return o, lse
 
 
@@ -394,19 +477,22 @@ def _backward(q, k, v, o, lse, do, causal: bool, config: AttentionConfig):
     attention_backward_kernel_delta[(triton.cdiv(seq, config.block_m2), batch * heads)](
         o, do, delta, *strides, heads, seq, HEAD_DIM=head_dim, BLOCK_M=config.block_m2)
     scale = spec.scale_of(head_dim)
+    tma = config.bwd_tma and _tma_usable(q, k, v, do)
     common = dict(HEAD_DIM=head_dim, CAUSAL=causal, DOT_PRECISION=_dot_precision(q.dtype),
-                  num_warps=config.bwd_num_warps, num_stages=config.bwd_num_stages)
+                  TMA=tma, num_warps=config.bwd_num_warps, num_stages=config.bwd_num_stages)
     dk = frameworks.torch_empty(k.shape, k.dtype, k.device)
     dv = frameworks.torch_empty(v.shape, v.dtype, v.device)
     attention_backward_kernel_dkdv[(triton.cdiv(seq, config.block_n1), batch * heads)](
-        q, k, v, do, lse, delta, dk, dv, *strides, heads, seq, scale * LOG2E, scale,
-        BLOCK_M=config.block_m1, BLOCK_N=config.block_n1, **common)
+        _streamed(q, config.block_m1, tma), k, v, _streamed(do, config.block_m1, tma), lse,
+        delta, dk, dv, *strides, heads, seq, scale * LOG2E, scale, BLOCK_M=config.block_m1,
+        BLOCK_N=config.block_n1, **common)
     dq = frameworks.torch_empty(q.shape, q.dtype, q.device)
     common.update(num_warps=config.dq_num_warps or config.bwd_num_warps,
                   num_stages=config.dq_num_stages or config.bwd_num_stages)
     attention_backward_kernel_dq[(triton.cdiv(seq, config.block_m2), batch * heads)](
-        q, k, v, do, lse, delta, dq, *strides, heads, seq, scale * LOG2E, scale,
-        BLOCK_M=config.block_m2, BLOCK_N=config.block_n2, **common)
+        q, _streamed(k, config.block_n2, tma), _streamed(v, config.block_n2, tma), do, lse,
+        delta, dq, *strides, heads, seq, scale * LOG2E, scale, BLOCK_M=config.block_m2,
+        BLOCK_N=config.block_n2, **common)
     return dq, dk, dv
 
 
