@@ -28,20 +28,34 @@ def test_both_load_paths_match_the_reference(case, tma):
     assert {r.name.split()[-1] for r in results} >= {"output", "dq", "dk", "dv"}
 
 
-def test_tma_falls_back_to_pointer_loads_for_unaligned_tensors():
-    """A descriptor's base must be 16-byte aligned: a view 4 bytes into its storage takes
-    pointer loads (TensorDescriptor would refuse it) and still gets the right answer."""
+def test_inputs_off_16_byte_alignment_are_copied_not_refused():
+    """Views 4 bytes into their storage are valid inputs, but a TMA descriptor's base must be
+    16-byte aligned: the kernels get aligned copies, and the output and gradients are right
+    through the TMA path and the pointer loads alike."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    shape = (1, 37, 2, 64)
-    storage = torch.randn(3 * 37 * 2 * 64 + 1, device=device)
-    q, k, v = (storage[1 + i * 37 * 128:][: 37 * 128].view(shape) for i in range(3))
-    assert not attention_triton._tma_usable(q, k, v)
-    assert attention_triton._tma_usable(storage[: 37 * 128].view(shape))
-    config = dataclasses.replace(attention_triton.default_config(q.dtype, 64, q.device), tma=True)
-    out = attention_triton.attention(q, k, v, causal=True, config=config)
+    shape, size = (1, 37, 2, 64), 37 * 2 * 64
+    storage = torch.randn(4 * size + 1, device=device)
+
+    def unaligned(base):
+        return [base[1 + i * size:][:size].view(shape) for i in range(4)]
+
+    q, k, v, do = unaligned(storage)
+    assert all(x.data_ptr() % 16 for x in (q, k, v, do))
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     expected = torch.nn.functional.scaled_dot_product_attention(
-        *(x.transpose(1, 2) for x in (q, k, v)), is_causal=True).transpose(1, 2)
-    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+        *(x.transpose(1, 2) for x in leaves), is_causal=True).transpose(1, 2)
+    expected_grads = torch.autograd.grad(expected, leaves, do.clone())
+    for tma in (True, False):
+        config = dataclasses.replace(attention_triton.default_config(q.dtype, 64, q.device),
+                                     tma=tma, bwd_tma=tma)
+        ours = storage.clone().requires_grad_()
+        q, k, v, _ = unaligned(ours)
+        out = attention_triton.attention(q, k, v, causal=True, config=config)
+        grads = torch.autograd.grad(out, (q, k, v), do)
+        if device == "cuda":
+            torch.cuda.synchronize()  # a fault here is ours, not the reference's
+        for got, want in zip((out, *grads), (expected, *expected_grads), strict=True):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
 def test_config_flags_are_checked():

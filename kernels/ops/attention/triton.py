@@ -57,8 +57,7 @@ class AttentionConfig:
     block_m2 % block_n2 == 0 (each step then lies on or off the diagonal).
     tma / bwd_tma: the forward's / the backward kernels' streamed blocks (K and V;
     Q and dO for dK/dV) come by TMA from tensor descriptors instead of pointer
-    loads, where the GPU has TMA (sm_90 and later) and the tensors are 16-byte
-    aligned; zero-filled past the sequence.
+    loads, where the GPU has TMA (sm_90 and later); zero-filled past the sequence.
     """
 
     block_m: int = 128
@@ -440,11 +439,16 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"  # "tf32" is ignored for 16-bit inputs
 
 
-def _tma_usable(*tensors: torch.Tensor) -> bool:
-    """TMA needs sm_90 or later (the interpreter emulates it) and 16-byte aligned bases."""
-    device = tensors[0].device
-    return ((device.type != "cuda" or torch.cuda.get_device_capability(device) >= (9, 0))
-            and all(x.data_ptr() % 16 == 0 for x in tensors))
+def _has_tma(device: torch.device) -> bool:
+    """TMA needs sm_90 or later (the interpreter emulates it)."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def _aligned(x: torch.Tensor) -> torch.Tensor:
+    """x contiguous with a 16-byte aligned base, copied only if it is not: TMA descriptors need
+    it, and a view a few elements into its storage is otherwise a valid input."""
+    x = x.contiguous()
+    return x if x.data_ptr() % 16 == 0 else x.clone()
 
 
 def _streamed(x: torch.Tensor, block: int, tma: bool):
@@ -460,7 +464,7 @@ def _forward(q, k, v, causal: bool, config: AttentionConfig):
     o = frameworks.torch_empty(q.shape, q.dtype, q.device)
     lse = frameworks.torch_empty((batch, heads, seq), torch.float32, q.device)
     grid = (triton.cdiv(seq, config.block_m), batch * heads)
-    tma = config.tma and _tma_usable(k, v)
+    tma = config.tma and _has_tma(q.device)
     attention_forward_kernel[grid](
         q, _streamed(k, config.block_n, tma), _streamed(v, config.block_n, tma), o, lse,
         q.stride(0), q.stride(1), q.stride(2), heads, seq, spec.scale_of(head_dim) * LOG2E,
@@ -477,7 +481,7 @@ def _backward(q, k, v, o, lse, do, causal: bool, config: AttentionConfig):
     attention_backward_kernel_delta[(triton.cdiv(seq, config.block_m2), batch * heads)](
         o, do, delta, *strides, heads, seq, HEAD_DIM=head_dim, BLOCK_M=config.block_m2)
     scale = spec.scale_of(head_dim)
-    tma = config.bwd_tma and _tma_usable(q, k, v, do)
+    tma = config.bwd_tma and _has_tma(q.device)
     common = dict(HEAD_DIM=head_dim, CAUSAL=causal, DOT_PRECISION=_dot_precision(q.dtype),
                   TMA=tma, num_warps=config.bwd_num_warps, num_stages=config.bwd_num_stages)
     dk = frameworks.torch_empty(k.shape, k.dtype, k.device)
@@ -509,7 +513,7 @@ class FlashAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(q, k, v, o, lse, do.contiguous(), ctx.causal, ctx.config)
+        dq, dk, dv = _backward(q, k, v, o, lse, _aligned(do), ctx.causal, ctx.config)
         return dq, dk, dv, None, None
 
 
@@ -532,7 +536,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     validation.check_config(config, AttentionConfig)
     for name, x in (("q", q), ("k", k), ("v", v)):
         validation.check_index_range(name, x)
-    q, k, v = (x.contiguous() for x in (q, k, v))
+    q, k, v = (_aligned(x) for x in (q, k, v))
     config = config or default_config(q.dtype, q.shape[-1], q.device, bool(causal))
     return FlashAttention.apply(q, k, v, bool(causal), config)
 
