@@ -254,8 +254,32 @@ while time.time() < end:
     steps += 1
 print("steps", steps, "sum", x.sum().item(), "expected", 32 * sum(range(steps)))
 """
+# Halving from the other side: this repository's CUDA softmax, the versions that
+# test_softmax_versions runs, called in a loop without pytest (and without JAX, then with it).
+SOFTMAX_PROBE = """
+import time, torch
+from correctness_tests.test_cuda_kernels import SOFTMAX_VERSIONS
+from kernels.ops.softmax import cuda as softmax_cuda
+if WITH_JAX:
+    import jax.numpy as jnp
+    jnp.ones(8).block_until_ready()
+types = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+calls, end = 0, time.time() + 40
+while time.time() < end:
+    for dtype, cols, fields in SOFTMAX_VERSIONS:
+        x = torch.randn(3, 5, cols, device="cuda", dtype=types[dtype])
+        y = softmax_cuda.softmax(x, config=softmax_cuda.SoftmaxConfig(**fields)).float()
+        torch.cuda.synchronize()
+        if WITH_JAX:
+            y = jnp.asarray(y.cpu().numpy())
+        assert abs(float(y.sum()) - 15) < 0.1, float(y.sum())
+        calls += 1
+print("calls", calls)
+"""
 PROBES = {"build probe": BUILD_PROBE, "launch probe": LAUNCH_PROBE,
-          "children probe": CHILDREN_PROBE, "JAX probe": JAX_PROBE}
+          "children probe": CHILDREN_PROBE, "JAX probe": JAX_PROBE,
+          "softmax probe": "WITH_JAX = False" + SOFTMAX_PROBE,
+          "softmax + JAX probe": "WITH_JAX = True" + SOFTMAX_PROBE}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,6 +322,12 @@ SANITIZER_ARMS = (
                  tests_k="test_softmax_versions"),
     SanitizerArm("registry cases alone, memcheck", "tests", MEMCHECK,
                  tests_k="test_small_registry_cases"),
+    # What died 4 of 4 (softmax versions alone, 21-25 s in) against application-only 0 of 4
+    # and the registry cases 0 of 4: is it the kernel-name filter, pytest, JAX?
+    SanitizerArm("softmax versions alone, memcheck, no kernel filter", "tests",
+                 ("--tool", "memcheck"), tests_k="test_softmax_versions"),
+    SanitizerArm("softmax script, memcheck", "softmax probe", MEMCHECK),
+    SanitizerArm("softmax + JAX script, memcheck", "softmax + JAX probe", MEMCHECK),
     SanitizerArm("JAX + nvcc + ctypes probe, memcheck, application-only", "JAX probe",
                  ("--tool", "memcheck", "--target-processes", "application-only")),
 )
