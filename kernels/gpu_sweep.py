@@ -241,18 +241,23 @@ while time.time() < end:
     children += 1
 print("children", children, "all equal", bool((x == 50 * children).all().item()))
 """
-# Closer to the tests: JAX's GPU client in the process too, a new XLA compilation and a new
-# nvcc-built module loaded and launched at every step, for 60 s.
+# Closer to the tests: JAX's GPU client in the process too, a new XLA compilation at every
+# step and (REBUILD) a new nvcc-built module loaded and launched, for 60 s; without REBUILD one
+# module built before the loop, so no child process after the start.
 JAX_PROBE = _PROBE_PRELUDE + """
 import jax, jax.numpy as jnp
-steps, end = 0, time.time() + 60
+value, launch, added, steps, end = 1, build(1), 0, 0, time.time() + 60
 while time.time() < end:
-    build(steps)(ctypes.c_void_p(x.data_ptr()))
+    if REBUILD and steps:
+        value = steps + 1
+        launch = build(value)
+    launch(ctypes.c_void_p(x.data_ptr()))
+    added += value
     torch.cuda.synchronize()
     y = jax.jit(lambda a: jnp.exp(a - a.max()) / (steps + 1))(jnp.ones((15, 100 + steps)))
     y.block_until_ready()
     steps += 1
-print("steps", steps, "sum", x.sum().item(), "expected", 32 * sum(range(steps)))
+print("steps", steps, "sum", x.sum().item(), "expected", 32 * added)
 """
 # Halving from the other side: this repository's CUDA softmax, the versions that
 # test_softmax_versions runs, called in a loop without pytest (and without JAX, then with it).
@@ -277,7 +282,8 @@ while time.time() < end:
 print("calls", calls)
 """
 PROBES = {"build probe": BUILD_PROBE, "launch probe": LAUNCH_PROBE,
-          "children probe": CHILDREN_PROBE, "JAX probe": JAX_PROBE,
+          "children probe": CHILDREN_PROBE, "JAX probe": "REBUILD = True" + JAX_PROBE,
+          "JAX probe, one build": "REBUILD = False" + JAX_PROBE,
           "softmax probe": "WITH_JAX = False" + SOFTMAX_PROBE,
           "softmax + JAX probe": "WITH_JAX = True" + SOFTMAX_PROBE}
 
@@ -328,6 +334,14 @@ SANITIZER_ARMS = (
                  ("--tool", "memcheck"), tests_k="test_softmax_versions"),
     SanitizerArm("softmax script, memcheck", "softmax probe", MEMCHECK),
     SanitizerArm("softmax + JAX script, memcheck", "softmax + JAX probe", MEMCHECK),
+    # That split (with the kernel-name filter 4 of 4 died, without it 0 of 4; the softmax
+    # script 0 of 4 without JAX, 1 of 4 with it) names the filter and JAX: JAX_PROBE again,
+    # with the filter, with and without children after the start.
+    SanitizerArm("JAX + nvcc + ctypes probe, memcheck, kernel filter", "JAX probe", MEMCHECK),
+    SanitizerArm("JAX + nvcc + ctypes probe, memcheck, kernel filter, application-only",
+                 "JAX probe", MEMCHECK + ("--target-processes", "application-only")),
+    SanitizerArm("JAX + one build probe, memcheck, kernel filter", "JAX probe, one build",
+                 MEMCHECK),
     SanitizerArm("JAX + nvcc + ctypes probe, memcheck, application-only", "JAX probe",
                  ("--tool", "memcheck", "--target-processes", "application-only")),
 )
