@@ -259,6 +259,52 @@ while time.time() < end:
     steps += 1
 print("steps", steps, "sum", x.sum().item(), "expected", 32 * added)
 """
+# As the CUDA softmax does: a module of many kernels (48 instantiations of a 1024-thread
+# template, all matching the kernel-name filter) launched in turn with JAX's GPU client in the
+# process, a new module built by nvcc every tenth step; for 60 s.
+MANY_KERNELS_PROBE = """
+import ctypes, os, subprocess, tempfile, time, torch
+import jax, jax.numpy as jnp
+folder = tempfile.mkdtemp()
+SOURCE = r'''
+template <int N> __global__ void __launch_bounds__(1024) kernelperf_probe(float* x, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += N * OFFSET;
+}
+typedef void (*kernel_t)(float*, int);
+template <int... N> struct table { static constexpr kernel_t all[] = {kernelperf_probe<N>...}; };
+extern "C" int launch(int which, float* x, int n) {
+  const kernel_t* kernels = table<1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,
+    24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40,41,42,43,44,45,46,47,48>::all;
+  kernels[which % 48]<<<(n + 1023) / 1024, 1024>>>(x, n);
+  return (int)cudaGetLastError();
+}
+'''
+
+def build(offset):
+    source, library = (os.path.join(folder, f"m{offset}.{ext}") for ext in ("cu", "so"))
+    with open(source, "w") as f:
+        f.write(SOURCE.replace("OFFSET", str(offset)))
+    subprocess.run(["nvcc", "-O3", "-std=c++17", "-lineinfo", "--shared", "-Xcompiler", "-fPIC",
+                    "-arch=sm_90a", source, "-o", library], check=True)
+    return ctypes.CDLL(library).launch
+
+n = 15 * 4096
+x = torch.zeros(n, device="cuda")
+jnp.ones(8).block_until_ready()
+offset, launch, added, steps, end = 1, build(1), 0, 0, time.time() + 60
+while time.time() < end:
+    if steps and steps % 10 == 0:
+        offset += 1
+        launch = build(offset)
+    assert launch(steps, ctypes.c_void_p(x.data_ptr()), n) == 0
+    added += (steps % 48 + 1) * offset
+    torch.cuda.synchronize()
+    y = jax.jit(lambda a: jax.nn.softmax(a * (steps + 1)))(jnp.ones((15, 100 + steps)))
+    y.block_until_ready()
+    steps += 1
+print("steps", steps, "first", x[0].item(), "expected", added)
+"""
 # Halving from the other side: this repository's CUDA softmax, the versions that
 # test_softmax_versions runs, called in a loop without pytest (and without JAX, then with it).
 SOFTMAX_PROBE = """
@@ -284,6 +330,7 @@ print("calls", calls)
 PROBES = {"build probe": BUILD_PROBE, "launch probe": LAUNCH_PROBE,
           "children probe": CHILDREN_PROBE, "JAX probe": "REBUILD = True" + JAX_PROBE,
           "JAX probe, one build": "REBUILD = False" + JAX_PROBE,
+          "many kernels probe": MANY_KERNELS_PROBE,
           "softmax probe": "WITH_JAX = False" + SOFTMAX_PROBE,
           "softmax + JAX probe": "WITH_JAX = True" + SOFTMAX_PROBE}
 
@@ -342,6 +389,12 @@ SANITIZER_ARMS = (
                  "JAX probe", MEMCHECK + ("--target-processes", "application-only")),
     SanitizerArm("JAX + one build probe, memcheck, kernel filter", "JAX probe, one build",
                  MEMCHECK),
+    # JAX_PROBE passed all 15 (filter, children or not); the softmax's module has many
+    # 1024-thread kernels where the probe has one 32-thread kernel.
+    SanitizerArm("many kernels + JAX probe, memcheck, kernel filter", "many kernels probe",
+                 MEMCHECK),
+    SanitizerArm("many kernels + JAX probe, memcheck, kernel filter, application-only",
+                 "many kernels probe", MEMCHECK + ("--target-processes", "application-only")),
     SanitizerArm("JAX + nvcc + ctypes probe, memcheck, application-only", "JAX probe",
                  ("--tool", "memcheck", "--target-processes", "application-only")),
 )
