@@ -90,6 +90,12 @@ def test_every_arm_runs_a_program_that_exists_and_parses():
         assert arm.program == "tests" or arm.program in gpu_sweep.PROBES, arm
     for name, source in gpu_sweep.PROBES.items():
         compile(source, name, "exec")
+    labels = [arm.label for arm in gpu_sweep.SANITIZER_ARMS]
+    assert len(set(labels)) == len(labels)  # --arm picks by label
+    # The defaults are picked by label too: a renamed arm must not drop out silently.
+    assert [arm.program for arm in gpu_sweep.DEFAULT_SANITIZER_ARMS] == ["tests"] * 3
+    assert {arm.tests_k for arm in gpu_sweep.DEFAULT_SANITIZER_ARMS} == {
+        "", "test_softmax_versions"}
 
 
 def test_an_arm_can_select_tests(monkeypatch, tmp_path):

@@ -10,18 +10,19 @@ the end of the sweep. A row passes if the kernel returns the right result (compa
 torch's own) or raises a TypeError / ValueError before launching; anything else is reported.
 
 Part "sanitizer": `compute-sanitizer --tool memcheck` over `pytest -m "cuda and small"` dies by
-SIGSEGV now and then on the H100, in the sanitizer's own executable. Each arm of SANITIZER_ARMS
-runs `--repeats` times (`--jobs` at a time): memcheck following child processes (its default);
-not following them; following them with nvcc's build cache already filled; no sanitizer; and
-programs of a few lines that do what the tests do to the GPU, candidates for a minimal
-reproduction: BUILD_PROBE (nvcc in a child process, ctypes load, launch), LAUNCH_PROBE (many
-launches, a child process now and then), CHILDREN_PROBE (torch's kernels between short-lived
-children) and JAX_PROBE (JAX compiling, nvcc building, ctypes loading). The kernel log's
-segfault lines (dmesg) name the process that faulted. Output: a table on stdout; in DIR (default
-$OUT, else ./gpu_sweep_out) every api call's output in api.log and each sanitizer run's log,
-with the last test started and faulthandler's innermost Python frame named in the table when a
-run died. Exit status 1 when an api row is neither correct nor a clear error, or a sanitizer run
-did not exit 0.
+SIGSEGV now and then on the H100, in the sanitizer's own executable, while it follows the test
+process's children. Each arm of SANITIZER_ARMS runs `--repeats` times (`--jobs` at a time): the
+tests or a selection of them (`-k`) under memcheck with or without following children or the
+kernel-name filter, without the sanitizer, and programs of a few lines (PROBES) that do what
+the tests do to the GPU, candidates for a reproduction free of this repository's code. By
+default the three arms that tell the story: the smallest reproduction found
+(test_softmax_versions alone, following children), the same not following them, and the
+README's command over the whole tier; `--arm` picks others. The kernel log's segfault lines
+(dmesg) name the process that faulted. Output: a table on stdout; in DIR (default $OUT, else
+./gpu_sweep_out) every api call's output in api.log and each sanitizer run's log, with the last
+test started and faulthandler's innermost Python frame named in the table when a run died.
+Exit status 1 when an api row is neither correct nor a clear error, or a sanitizer run did not
+exit 0.
 """
 
 from __future__ import annotations
@@ -349,11 +350,12 @@ class SanitizerArm:
 
 
 MEMCHECK = ("--tool", "memcheck", "--kernel-name", "kns=kernelperf_")
-# What the arms showed on the H100 (2026-11-25, perf_tests/RESULTS.md): memcheck following the
-# test process's children (its default) died by SIGSEGV in 5 of 13 runs, at varying tests,
-# with an empty nvcc build cache or a full one, and the kernel log put the fault in the
-# compute-sanitizer executable itself; not following them (application-only) 7 of 7 passed,
-# no sanitizer 5 of 5, BUILD_PROBE under memcheck 3 of 3.
+# What the arms showed on the H100 (2026-11-25, perf_tests/RESULTS.md), every fault at one
+# instruction of the compute-sanitizer executable (kernel log): following the test process's
+# children, the tests died in 8 of 17 runs, at varying tests, with an empty nvcc build cache or
+# a full one; not following them, 0 of 11; no sanitizer 0 of 5. Halved: test_softmax_versions
+# alone 4 of 4 died, 0 of 4 not following children, 0 of 4 without the kernel-name filter;
+# the probes free of this repository's code passed every run.
 SANITIZER_ARMS = (
     SanitizerArm("tests, memcheck", "tests", MEMCHECK),
     SanitizerArm("tests, memcheck, application-only", "tests",
@@ -366,6 +368,8 @@ SANITIZER_ARMS = (
     SanitizerArm("torch + children probe, memcheck, application-only", "children probe",
                  ("--tool", "memcheck", "--target-processes", "application-only")),
     SanitizerArm("JAX + nvcc + ctypes probe, memcheck", "JAX probe", ("--tool", "memcheck")),
+    SanitizerArm("JAX + nvcc + ctypes probe, memcheck, application-only", "JAX probe",
+                 ("--tool", "memcheck", "--target-processes", "application-only")),
     # Halving the tests: the runs that died had started test_softmax_versions (most) or a
     # test_small_registry_cases item of the CUDA matmuls, 25-75 s in.
     SanitizerArm("softmax versions alone, memcheck", "tests", MEMCHECK,
@@ -395,13 +399,16 @@ SANITIZER_ARMS = (
                  MEMCHECK),
     SanitizerArm("many kernels + JAX probe, memcheck, kernel filter, application-only",
                  "many kernels probe", MEMCHECK + ("--target-processes", "application-only")),
-    SanitizerArm("JAX + nvcc + ctypes probe, memcheck, application-only", "JAX probe",
-                 ("--tool", "memcheck", "--target-processes", "application-only")),
 )
+# The story in three arms: the smallest reproduction, the same not following children, and
+# the README's command over the whole small tier.
+DEFAULT_SANITIZER_ARMS = tuple(a for a in SANITIZER_ARMS if a.label in (
+    "softmax versions alone, memcheck", "softmax versions alone, memcheck, application-only",
+    "tests, memcheck, application-only"))
 
 
 def part_sanitizer(out: pathlib.Path, minutes: float, repeats: int = 1, jobs: int = 1,
-                   arms: tuple[SanitizerArm, ...] = SANITIZER_ARMS) -> list[list[str]]:
+                   arms: tuple[SanitizerArm, ...] = DEFAULT_SANITIZER_ARMS) -> list[list[str]]:
     """Every arm `repeats` times, `jobs` runs at a time, each with a fresh JAX compilation
     cache and (unless the arm says warm) a fresh nvcc build cache; a row per run, a row per
     arm counting the runs that did not exit 0, and the kernel's log of segmentation faults
@@ -543,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         failed |= any(row[2] not in ("correct", "clear error") for row in rows)
     if options.part in ("sanitizer", "all"):
         arms = tuple(a for a in SANITIZER_ARMS if a.label in options.arms) if options.arms \
-            else SANITIZER_ARMS
+            else DEFAULT_SANITIZER_ARMS
         rows = part_sanitizer(options.out, options.sanitizer_minutes, options.repeats,
                               options.jobs, arms)
         report.append(table(rows, ["run", "state", "status", "detail"]))
