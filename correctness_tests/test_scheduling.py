@@ -33,7 +33,8 @@ def test_only_real_size_attention_needs_the_heavy_group():
              == scheduling.HEAVY_GROUP}
     assert heavy == {("attention", "bf16-4x4096x16x128"),
                      ("attention", "bf16-4x4096x16x128-causal"),
-                     ("attention", "bf16-4x4096x8x64")}
+                     ("attention", "bf16-4x4096x8x64"),
+                     ("attention", "bf16-4x4096x8x64-causal")}
 
 
 def test_groups_per_case_and_for_several_devices():

@@ -200,11 +200,11 @@ def _cases() -> tuple[registry.Case, ...]:
             tracked = dtype == "f32" and s == 80  # asv on CPU machines, one case
             cases.append(make_case(dtype, b, s, h, d, causal, "cpu",
                                    *(["bench"] if tracked else [])))
-    # Real sizes. asv tracks ("bench") the FlashAttention benchmark shape, causal and not,
-    # and head_dim 64; then awkward lengths (1000, 4097: ragged last blocks).
-    for causal in (False, True):
-        cases.append(make_case("bf16", 4, 4096, 16, 128, causal, "gpu", "bench"))
-    cases.append(make_case("bf16", 4, 4096, 8, 64, False, "gpu", "bench"))
+    # Real sizes. asv tracks ("bench") the FlashAttention benchmark shape and its head_dim 64
+    # half (8 heads), causal and not; then awkward lengths (1000, 4097: ragged last blocks).
+    for heads, head_dim in ((16, 128), (8, 64)):
+        for causal in (False, True):
+            cases.append(make_case("bf16", 4, 4096, heads, head_dim, causal, "gpu", "bench"))
     cases.append(make_case("bf16", 2, 1000, 8, 128, True, "gpu"))
     cases.append(make_case("bf16", 1, 4097, 4, 64, False, "gpu"))
     cases.append(make_case("f16", 2, 2048, 8, 128, True, "gpu"))
