@@ -1,5 +1,5 @@
 """Triton attention specifics the generic harness does not reach: both ways of streaming
-blocks (TMA descriptors, pointer loads), the fallback from TMA, the config's checks."""
+blocks (TMA descriptors, pointer loads), inputs off 16-byte alignment, the config's checks."""
 
 import dataclasses
 import functools
