@@ -1,6 +1,8 @@
 """kernels.gpu_sweep's verdicts, on any machine: a sanitizer run that dies fails the sweep and
 says where it stopped."""
 
+import pytest
+
 from kernels import gpu_sweep
 
 
@@ -56,21 +58,28 @@ def test_where_a_segfault_struck_in_python(tmp_path):
 
 
 def test_repeats_must_be_positive(capsys):
-    import pytest
-
     with pytest.raises(SystemExit):
         gpu_sweep.main(["--part", "sanitizer", "--repeats", "0"])
     assert "--repeats: expected at least 1, got 0" in capsys.readouterr().err
 
 
-def test_kernel_log_rows_name_only_new_faults(tmp_path, monkeypatch):
+@pytest.fixture
+def commands(monkeypatch):
+    """part_sanitizer with a stand-in sanitizer (/bin/true) whose runs all exit 0 at once:
+    the commands it would have run, in order."""
+    ran = []
+    monkeypatch.setattr(gpu_sweep.shutil, "which", lambda name: "/bin/true")
+    monkeypatch.setattr(gpu_sweep, "_run",
+                        lambda command, *a, **k: (ran.append(command), ("exit 0", 1.0))[1])
+    return ran
+
+
+def test_kernel_log_rows_name_only_new_faults(tmp_path, monkeypatch, commands):
     """The dmesg rows: faults logged during the runs, not before; an unreadable log says so."""
     logs = iter([["old: python3[1]: segfault at 0"],
                  ["old: python3[1]: segfault at 0",
                   "compute-sanitiz[7]: segfault at 8 ip 1 sp 2 error 4 in libTreeLauncher.so"]])
     monkeypatch.setattr(gpu_sweep, "_kernel_segfaults", lambda: next(logs))
-    monkeypatch.setattr(gpu_sweep.shutil, "which", lambda name: "/bin/true")
-    monkeypatch.setattr(gpu_sweep, "_run", lambda *a, **k: ("exit 0", 1.0))
     arm = gpu_sweep.SanitizerArm("tests, memcheck", "tests", gpu_sweep.MEMCHECK)
     rows = gpu_sweep.part_sanitizer(tmp_path, 1.0, repeats=2, jobs=1, arms=(arm,))
     assert [r[2] for r in rows if r[0] == "tests, memcheck"] == [
@@ -98,13 +107,9 @@ def test_every_arm_runs_a_program_that_exists_and_parses():
         "", "test_softmax_versions"}
 
 
-def test_an_arm_can_select_tests(monkeypatch, tmp_path):
+def test_an_arm_can_select_tests(monkeypatch, tmp_path, commands):
     """An arm's tests_k reaches pytest as -k (the sweep halves the tests to find the fault)."""
-    commands = []
     monkeypatch.setattr(gpu_sweep, "_kernel_segfaults", lambda: [])
-    monkeypatch.setattr(gpu_sweep.shutil, "which", lambda name: "/bin/true")
-    monkeypatch.setattr(gpu_sweep, "_run", lambda command, *a, **k: (commands.append(command),
-                                                                   ("exit 0", 1.0))[1])
     arm = gpu_sweep.SanitizerArm("some", "tests", gpu_sweep.MEMCHECK, tests_k="test_x")
     gpu_sweep.part_sanitizer(tmp_path, 1.0, repeats=1, jobs=1, arms=(arm,))
     assert commands[0][:len(gpu_sweep.MEMCHECK) + 1] == ["/bin/true", *gpu_sweep.MEMCHECK]

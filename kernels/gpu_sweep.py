@@ -191,23 +191,27 @@ def part_api(out: pathlib.Path, jobs: int) -> list[list[str]]:
         return list(pool.map(lambda call: _api_row(*call), calls))
 
 
-# Programs that do what the CUDA tests do to the GPU, minus the tests, for a minimal
-# reproduction of the sanitizer's fault: they use nothing of this repository. Both start with
-# CUDA initialised (torch) and build(i): a kernel adding i to x, compiled by nvcc in a child
-# process and loaded with ctypes.
+# Programs that do what the CUDA tests do to the GPU, minus the tests, for a reproduction of the
+# sanitizer's fault free of this repository's code (all but SOFTMAX_PROBE use none of it). The
+# prelude starts CUDA (torch) and defines nvcc_module(name, source, *flags): source compiled by
+# nvcc in a child process and loaded with ctypes; and build(i): a kernel adding i to x.
 _PROBE_PRELUDE = """
 import ctypes, os, subprocess, tempfile, time, torch
 x = torch.zeros(32, device="cuda")
 folder = tempfile.mkdtemp()
 
+def nvcc_module(name, source, *flags):
+    path, library = (os.path.join(folder, f"{name}.{ext}") for ext in ("cu", "so"))
+    with open(path, "w") as f:
+        f.write(source)
+    subprocess.run(["nvcc", *flags, "-shared", "-Xcompiler", "-fPIC", "-arch=sm_90a", path,
+                    "-o", library], check=True)
+    return ctypes.CDLL(library)
+
 def build(i):
-    source, library = (os.path.join(folder, f"k{i}.{ext}") for ext in ("cu", "so"))
-    with open(source, "w") as f:
-        f.write('__global__ void kernelperf_probe(float* x) { x[threadIdx.x] += %d; }\\n'
-                'extern "C" void launch(float* x) { kernelperf_probe<<<1, 32>>>(x); }\\n' % i)
-    subprocess.run(["nvcc", "-shared", "-Xcompiler", "-fPIC", "-arch=sm_90a", source, "-o",
-                    library], check=True)
-    return ctypes.CDLL(library).launch
+    return nvcc_module(
+        f"k{i}", '__global__ void kernelperf_probe(float* x) { x[threadIdx.x] += %d; }\\n'
+        'extern "C" void launch(float* x) { kernelperf_probe<<<1, 32>>>(x); }\\n' % i).launch
 """
 # Ten builds, each launched once.
 BUILD_PROBE = _PROBE_PRELUDE + """
@@ -263,10 +267,8 @@ print("steps", steps, "sum", x.sum().item(), "expected", 32 * added)
 # As the CUDA softmax does: a module of many kernels (48 instantiations of a 1024-thread
 # template, all matching the kernel-name filter) launched in turn with JAX's GPU client in the
 # process, a new module built by nvcc every tenth step; for 60 s.
-MANY_KERNELS_PROBE = """
-import ctypes, os, subprocess, tempfile, time, torch
+MANY_KERNELS_PROBE = _PROBE_PRELUDE + """
 import jax, jax.numpy as jnp
-folder = tempfile.mkdtemp()
 SOURCE = r'''
 template <int N> __global__ void __launch_bounds__(1024) kernelperf_probe(float* x, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -282,22 +284,18 @@ extern "C" int launch(int which, float* x, int n) {
 }
 '''
 
-def build(offset):
-    source, library = (os.path.join(folder, f"m{offset}.{ext}") for ext in ("cu", "so"))
-    with open(source, "w") as f:
-        f.write(SOURCE.replace("OFFSET", str(offset)))
-    subprocess.run(["nvcc", "-O3", "-std=c++17", "-lineinfo", "--shared", "-Xcompiler", "-fPIC",
-                    "-arch=sm_90a", source, "-o", library], check=True)
-    return ctypes.CDLL(library).launch
+def build_many(offset):
+    return nvcc_module(f"m{offset}", SOURCE.replace("OFFSET", str(offset)), "-O3",
+                       "-std=c++17", "-lineinfo").launch
 
 n = 15 * 4096
 x = torch.zeros(n, device="cuda")
 jnp.ones(8).block_until_ready()
-offset, launch, added, steps, end = 1, build(1), 0, 0, time.time() + 60
+offset, launch, added, steps, end = 1, build_many(1), 0, 0, time.time() + 60
 while time.time() < end:
     if steps and steps % 10 == 0:
         offset += 1
-        launch = build(offset)
+        launch = build_many(offset)
     assert launch(steps, ctypes.c_void_p(x.data_ptr()), n) == 0
     added += (steps % 48 + 1) * offset
     torch.cuda.synchronize()
