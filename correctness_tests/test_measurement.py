@@ -417,6 +417,48 @@ def test_measurements_by_different_clocks_are_not_compared():
     assert "different clocks (a: cupti, b: cuda-events)" in timing.comparable(one, other)
 
 
+def _timed(median_s: float, method: str = "cupti", label: str = "m") -> timing.Measurement:
+    return timing.Measurement.from_samples([median_s], label=label, method=method,
+                                           regime="cold", stop_reason="converged",
+                                           fingerprint={})
+
+
+def test_speedup_is_over_the_fastest_baseline_of_the_same_clock():
+    ours = _timed(2e-3)
+    baselines = {"xla": _timed(3e-3), "cudnn": _timed(2.5e-3), "torch": _timed(4e-3),
+                 "events": _timed(1e-3, "cuda-events")}
+    fastest = timing.speedup(ours, baselines)
+    assert fastest.best == "cudnn" and fastest.value == pytest.approx(1.25)
+    assert fastest.other_clock == ("events",)
+    across = timing.speedup(ours, baselines, across_clocks=True)
+    assert across.best == "events" and across.value == pytest.approx(0.5)
+    assert across.other_clock == ()
+    alone = timing.speedup(ours, {"events": baselines["events"]})
+    assert (alone.best, alone.value, alone.other_clock) == (None, None, ("events",))
+    assert timing.speedup(ours, {}) == timing.Speedup(best=None, value=None, other_clock=())
+
+
+def test_time_table_speedups_per_case_and_direction_by_one_clock():
+    from kernels import measure_cli
+
+    def impl(name, baseline=False):
+        return registry.Implementation(op="softmax", name=name, fn=lambda x: x,
+                                       framework="jax", baseline=baseline)
+
+    small, large = (registry.operation("softmax").case(c)
+                    for c in ("f32-37x128", "f32-256x1024"))
+    ours, xla, torch = impl("pallas"), impl("xla", True), impl("torch", True)
+    Row = measure_cli.Row
+    rows = [Row(xla, small, "fwd", _timed(3e-6)), Row(torch, small, "fwd", _timed(2e-6)),
+            Row(ours, small, "fwd", _timed(4e-6)),
+            Row(xla, small, "bwd", _timed(9e-6)), Row(ours, small, "bwd", _timed(3e-6)),
+            Row(xla, large, "fwd", _timed(1e-6, "host-clock")),
+            Row(ours, large, "fwd", _timed(2e-6)),
+            Row(ours, large, "bwd", _timed(2e-6)), Row(ours, small, "fwd", None, "skipped")]
+    assert measure_cli._speedups(rows) == {2: "0.50x", 4: "3.00x", 6: "other clock"}
+    assert measure_cli._speedups(rows, mixed=True)[6] == "0.50x (mixed clocks)"
+
+
 def test_launch_overhead_is_host_time_per_issued_call():
     calls = []
 

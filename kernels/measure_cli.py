@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import math
 import pathlib
 import statistics
 import sys
@@ -223,27 +222,23 @@ def _ceilings(allow_measure: bool = True):
 
 
 def _speedups(rows: list[Row], mixed: bool = False) -> dict[int, str]:
-    """Best baseline's median over each non-baseline row's, per (case, direction), among
-    rows timed by the same method: across clocks the cell says so instead (unless `mixed`,
-    when the cell is marked "mixed clocks")."""
-    def method(row: Row) -> str:
-        return "any" if mixed else row.measurement.method
+    """Each non-baseline row's speedup over the best baseline of its (case, direction)
+    timed by the same method (`timing.speedup`): "other clock" where only other clocks
+    timed one; with `mixed`, across clocks, and the cell says so."""
+    from kernels import timing
 
-    best: dict[tuple[str, str, str], float] = {}
+    peers: dict[tuple[str, str], dict[str, Any]] = {}
     for row in rows:
         if row.measurement and row.impl.baseline:
-            key = (row.case.id, row.direction, method(row))
-            best[key] = min(best.get(key, math.inf), row.measurement.median_s)
+            peers.setdefault((row.case.id, row.direction), {})[row.impl.name] = row.measurement
     out = {}
     for index, row in enumerate(rows):
-        if not row.measurement or row.impl.baseline:
+        baselines = peers.get((row.case.id, row.direction))
+        if not row.measurement or row.impl.baseline or not baselines:
             continue
-        key = (row.case.id, row.direction, method(row))
-        if key in best:
-            out[index] = f"{best[key] / row.measurement.median_s:.2f}x" + \
-                (" (mixed clocks)" if mixed else "")
-        elif any(k[:2] == key[:2] for k in best):
-            out[index] = "other clock"
+        fastest = timing.speedup(row.measurement, baselines, across_clocks=mixed)
+        out[index] = ("other clock" if fastest.value is None else
+                      f"{fastest.value:.2f}x" + (" (mixed clocks)" if mixed else ""))
     return out
 
 
@@ -421,8 +416,6 @@ CV_FLOOR_S = 100e-6  # the CV goal holds for kernels of 100 us or more
 def cmd_verify_timing(args: argparse.Namespace) -> int:
     """The timer against independent measurements (a profiler trace: XLA's for JAX code,
     torch.profiler's for torch-side code; ncu), and its spread over repeated timings."""
-    import shutil
-
     from kernels import crosscheck, devices, registry, timing
     from kernels.cli import table
 
@@ -430,7 +423,7 @@ def cmd_verify_timing(args: argparse.Namespace) -> int:
         print("verify-timing: skipped: needs a CUDA GPU (it compares CUPTI kernel time with "
               "an independent profiler trace)")
         return 0
-    use_ncu = args.ncu and shutil.which("ncu") is not None
+    use_ncu = args.ncu and crosscheck.find_ncu() is not None
     lines, ok = [], True
     selected = [c for c in VERIFY_CASES if (not args.impl or c[1] in args.impl)
                 and (not args.case or any(word in c[2] for word in args.case))]

@@ -66,8 +66,10 @@ TARGETS = (
            functions=("kernels.checking.x_compare__*", "kernels.checking.x_relative_tolerance__*")),
     Target(name="timing", modules=("kernels/timing.py",),
            tests=("correctness_tests/test_timing.py", "correctness_tests/test_measurement.py",
-                  "-k", "(test_timing and not jax) or samples or stopping or measurement_"),
+                  "-k", "(test_timing and not jax) or samples or stopping or measurement_ "
+                  "or speedup"),
            functions=("kernels.timing.x_collect__*", "kernels.timing.x_coefficient_of_variation__*",
+                      "kernels.timing.x_speedup__*",
                       "kernels.timing.xǁStoppingRuleǁ__post_init____*",
                       "kernels.timing.xǁMeasurementǁfrom_samples__*",
                       "kernels.timing.xǁ_HostSamplerǁtake__*")),

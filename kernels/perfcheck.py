@@ -232,11 +232,10 @@ def judge(*, label: str, device: fingerprint.Fingerprint, measured: timing.Measu
     model without one, or a CPU, skips the check and says why).
     """
     device_name = device.name
-    same = {name: m for name, m in baselines.items() if m.method == measured.method}
-    refused = tuple(f"{name} ({m.method})" for name, m in baselines.items()
-                    if m.method != measured.method)
-    best = min(same, key=lambda name: same[name].median_s) if same else None
-    speedup = same[best].median_s / measured.median_s if best else None
+    fastest = timing.speedup(measured, baselines)
+    same = {name: m for name, m in baselines.items() if name not in fastest.other_clock}
+    refused = tuple(f"{name} ({baselines[name].method})" for name in fastest.other_clock)
+    best, speedup = fastest.best, fastest.value
     lines = [f"measured: {describe_measurement(measured)}"]
     if placement is not None:
         lines.append(f"roofline: {placement.fraction:.3f} of {placement.ceiling} "

@@ -52,7 +52,7 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -511,6 +511,34 @@ def comparable(*measurements: Measurement) -> str | None:
     labels = ", ".join(f"{m.label}: {m.method}" for m in measurements)
     return (f"taken by different clocks ({labels}); time every one by the same method "
             f"(KERNELPERF_TORCH_TIMER) to compare them")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Speedup:
+    """Our median against the fastest baseline's, among the baselines timed by our clock.
+
+    best: that baseline's name, None when no baseline shares the clock; value: its median
+    over ours (above 1: ours is faster); other_clock: the baselines timed by another
+    method, left out (a ratio across clocks measures the clocks).
+    """
+
+    best: str | None
+    value: float | None
+    other_clock: tuple[str, ...]
+
+
+def speedup(ours: Measurement, baselines: Mapping[str, Measurement], *,
+            across_clocks: bool = False) -> Speedup:
+    """The one computation of "speedup over the best baseline" (floor verdicts, the time
+    table, asv's track_speedup); `across_clocks` compares every baseline whatever its clock
+    (the CLI's --mixed-clocks, said beside the number)."""
+    same = {name: m for name, m in baselines.items()
+            if across_clocks or m.method == ours.method}
+    other = tuple(name for name in baselines if name not in same)
+    if not same:
+        return Speedup(best=None, value=None, other_clock=other)
+    best = min(same, key=lambda name: same[name].median_s)
+    return Speedup(best=best, value=same[best].median_s / ours.median_s, other_clock=other)
 
 
 def torch_flush(nbytes: int) -> Callable[[], Any]:

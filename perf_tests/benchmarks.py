@@ -240,7 +240,7 @@ class _DashboardMetrics:
         if self.impl.baseline:
             return float("nan")
         ours = self._measured()
-        peers = []
+        peers = {}
         for peer in registry.implementations(self.op_name):
             if not peer.baseline:
                 continue
@@ -248,13 +248,13 @@ class _DashboardMetrics:
                 _resolve(self.op_name, peer.name, self.case.id, self.direction)
             except NotImplementedError:
                 continue
-            peers.append(measurement(peer, self.case, self.direction))
+            peers[peer.name] = measurement(peer, self.case, self.direction)
         if not peers:
             return float("nan")
-        mixed = timing.comparable(ours, *peers)
-        if mixed:
-            _skip(f"no speedup: {mixed}")
-        return min(p.median_s for p in peers) / ours.median_s
+        fastest = timing.speedup(ours, peers)
+        if fastest.other_clock:  # a history point over some baselines only would drift
+            _skip(f"no speedup: {timing.comparable(ours, *peers.values())}")
+        return fastest.value
 
     track_speedup.unit = "x best baseline"
 
