@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from kernels import bottleneck, validation
+from kernels import bottleneck, crosscheck, validation
 
 STALL = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
 METRICS = {
@@ -179,9 +179,17 @@ else:
 def test_missing_ncu_is_one_clear_line(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
-    monkeypatch.setattr(bottleneck.pathlib.Path, "is_file", lambda self: False)
+    monkeypatch.setattr(crosscheck.pathlib.Path, "is_file", lambda self: False)
+    assert crosscheck.find_ncu() is None
     with pytest.raises(validation.UserError, match="ncu: expected Nsight Compute's ncu"):
-        bottleneck.ncu_path()
+        crosscheck.ncu_path()
+    fake = tmp_path / "bin" / "ncu"
+    fake.parent.mkdir()
+    fake.write_text("")
+    monkeypatch.undo()
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    assert crosscheck.find_ncu() == str(fake)  # the toolkit's, where PATH has none
 
 
 def test_the_child_takes_the_direction(monkeypatch):
@@ -221,7 +229,7 @@ def test_the_command_profiles_each_implementation_and_direction(monkeypatch, tmp
     monkeypatch.setattr(devices, "case_unavailable_reason", lambda *a: None)
     monkeypatch.setattr(registry, "has_direction",
                         lambda impl, direction: impl.name != "triton" or direction == "fwd")
-    monkeypatch.setattr(bottleneck, "ncu_path", lambda: "ncu")
+    monkeypatch.setattr(crosscheck, "ncu_path", lambda: "ncu")
     monkeypatch.setattr(bottleneck, "profile", profile)
     status = cli.main(["bottleneck", "attention", "--impl", "triton", "pallas_mosaic", "cudnn",
                        "--case", "bf16-4x4096x16x128", "--direction", "bwd", "fwd",

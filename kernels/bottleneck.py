@@ -30,13 +30,11 @@ per issued instruction). The verdict, in this order:
 from __future__ import annotations
 
 import dataclasses
-import os
 import pathlib
 import re
-import shutil
 import subprocess
 
-from kernels import crosscheck, validation
+from kernels import crosscheck
 
 SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis",
             "MemoryWorkloadAnalysis_Tables", "LaunchStats", "Occupancy", "SchedulerStats",
@@ -250,19 +248,6 @@ HEADER = ["implementation", "kernel", "us", "% of call", "SM %", "mem %", "tenso
           "top stalls (cycles/issue)", "bound by"]
 
 
-def ncu_path() -> str:
-    """ncu on PATH, else the CUDA toolkit's; a UserError naming where it looked."""
-    found = shutil.which("ncu")
-    if found:
-        return found
-    for candidate in (os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"):
-        path = pathlib.Path(candidate, "bin", "ncu")
-        if candidate and path.is_file():
-            return str(path)
-    raise validation.UserError("ncu: expected Nsight Compute's ncu on PATH or in "
-                               "$CUDA_HOME/bin or /usr/local/cuda/bin, found none")
-
-
 def profile_command(ncu: str, report: pathlib.Path, op: str, impl: str, case: str,
                     direction: str) -> list[str]:
     """ncu over one warmed-up call of `impl` on `case` in `direction`, saved to `report`."""
@@ -276,7 +261,7 @@ def profile(op: str, impl: str, case: str, direction: str, out: pathlib.Path,
             ncu: str | None = None) -> tuple[pathlib.Path, list[Kernel]]:
     """Run ncu on one call; the report's path and its kernels. The rule text ncu prints for
     each section goes to `<report>.details.txt`."""
-    ncu = ncu or ncu_path()
+    ncu = ncu or crosscheck.ncu_path()
     report = out / f"{op}-{impl}-{case}-{direction}.ncu-rep"
     run = subprocess.run(profile_command(ncu, report, op, impl, case, direction),
                          capture_output=True, text=True, env=crosscheck.child_env(),

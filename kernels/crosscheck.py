@@ -238,7 +238,33 @@ def torch_profiler_kernel_time(timeable, *, calls: int = 30) -> float:
 # Every Nsight Compute run here (and kernels.bottleneck's): only the calls between
 # cudaProfilerStart and Stop, caches flushed before each kernel, clocks left alone.
 NCU_FLAGS = ("--profile-from-start", "off", "--cache-control", "all", "--clock-control", "none")
-NCU_BASE = ("ncu", "--csv", *NCU_FLAGS)
+
+
+def find_ncu() -> str | None:
+    """Nsight Compute's ncu: on PATH, else in the CUDA toolkit's bin; None if neither has it."""
+    found = shutil.which("ncu")
+    if found:
+        return found
+    for candidate in (os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"):
+        path = pathlib.Path(candidate, "bin", "ncu")
+        if candidate and path.is_file():
+            return str(path)
+    return None
+
+
+def ncu_path() -> str:
+    """`find_ncu`, or a UserError naming where it looked."""
+    from kernels import validation
+
+    found = find_ncu()
+    if found is None:
+        raise validation.UserError("ncu: expected Nsight Compute's ncu on PATH or in "
+                                   "$CUDA_HOME/bin or /usr/local/cuda/bin, found none")
+    return found
+
+
+def _ncu_csv(*args: str) -> list[str]:
+    return [ncu_path(), "--csv", *NCU_FLAGS, *args]
 
 
 def child_command(*args: str) -> list[str]:
@@ -253,8 +279,8 @@ def child_env() -> dict[str, str]:
 
 def ncu_dram_command(op: str, impl: str, case: str) -> list[str]:
     """The Nsight Compute command that counts DRAM bytes of one call of `impl` on `case`."""
-    return [*NCU_BASE, "--metrics", "dram__bytes_read.sum,dram__bytes_write.sum",
-            *child_command("run", op, impl, case, "--calls", "1")]
+    return _ncu_csv("--metrics", "dram__bytes_read.sum,dram__bytes_write.sum",
+                    *child_command("run", op, impl, case, "--calls", "1"))
 
 
 def parse_ncu_rows(text: str) -> list[dict[str, str]]:
@@ -284,20 +310,20 @@ def parse_ncu_csv(text: str) -> dict[str, float]:
     return totals
 
 
-def _require_ncu() -> None:
+def _require_gpu() -> None:
     from kernels import devices
 
-    if not devices.this_machine().has_gpu or shutil.which("ncu") is None:
-        raise RuntimeError("needs a CUDA GPU and Nsight Compute (ncu) on PATH")
+    if not devices.this_machine().has_gpu:
+        raise RuntimeError("needs a CUDA GPU (and Nsight Compute's ncu)")
 
 
 def ncu_kernel_time(op: str, impl: str, case: str, *, calls: int = 10) -> float:
     """Median over `calls` of the summed ncu kernel durations of one call (caches flushed by ncu,
     clocks not locked). Only the calls between cudaProfilerStart/Stop are profiled, so
     compilation and autotuning kernels are not."""
-    _require_ncu()
-    result = subprocess.run([*NCU_BASE, "--metrics", "gpu__time_duration.sum",
-                             *child_command("run", op, impl, case, "--calls", str(calls))],
+    _require_gpu()
+    result = subprocess.run(_ncu_csv("--metrics", "gpu__time_duration.sum",
+                                     *child_command("run", op, impl, case, "--calls", str(calls))),
                             capture_output=True, text=True, env=child_env(), timeout=900)
     if result.returncode:
         raise RuntimeError(f"ncu failed: {(result.stderr or result.stdout)[-500:]}")
@@ -325,7 +351,7 @@ def dram_bytes_check(op: str, impl: str, case: str) -> str:
     """Run ncu on one call and compare its DRAM bytes with the model's (bandwidth-bound kernels)."""
     from kernels import registry
 
-    _require_ncu()
+    _require_gpu()
     operation = registry.operation(op)
     work = operation.work(operation.case(case), "fwd")
     result = subprocess.run(ncu_dram_command(op, impl, case), capture_output=True, text=True,

@@ -147,7 +147,7 @@ def cmd_bottleneck(args: argparse.Namespace) -> int:
     saying what bounds it (kernels.bottleneck)."""
     import pathlib
 
-    from kernels import bottleneck, devices, registry
+    from kernels import bottleneck, crosscheck, devices, registry
     from kernels.cli import table
 
     op = registry.operation(args.op)
@@ -157,7 +157,7 @@ def cmd_bottleneck(args: argparse.Namespace) -> int:
     if not machine.has_gpu:
         raise SystemExit("bottleneck: expected a machine with a CUDA GPU (ncu reads its "
                          "counters), got none")
-    ncu = bottleneck.ncu_path()
+    ncu = crosscheck.ncu_path()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"machine: {machine.describe()}", flush=True)
