@@ -184,9 +184,9 @@ _H100_FLOORS = (
     # MLP: remat trades recomputation for memory on purpose.
     *_floors("mlp", "xla_remat", "baseline", 0.85,
              "fwd is XLA's own: 2.091 vs 2.043 ms (0.98x); run 1 0.99-1.00x", direction="fwd"),
-    *_floors("mlp", "xla_remat", "baseline", 0.80,
-             "bwd recomputes the forward by design: 5.001 vs 4.712 ms (0.94x); run 1 "
-             "0.84-0.87x, close to this floor", direction="bwd"),
+    *_floors("mlp", "xla_remat", "baseline", 0.68,
+             "bwd recomputes the forward by design: 5.001 vs 4.712 ms (0.94x); runs 1 and 2 "
+             "0.84-0.89x; 20% under 0.84 (0.80 before: a 5% margin)", direction="bwd"),
 )
 
 # Keyed by the exact name the driver reports (as ceilings.DATASHEET). The H200 has no
