@@ -143,13 +143,19 @@ def asv_config(repo: Path, results_dir: Path, html_dir: Path, branches: list[str
     return config
 
 
-def run_asv(config: dict, *args: str, env: dict | None = None) -> str:
-    """asv with `config` (written to a temporary file), from the repository root (asv imports
-    the ".kernels.asv_plugin" plug-in relative to the working directory)."""
+@contextlib.contextmanager
+def asv_command(config: dict, *args: str) -> Iterator[list[str]]:
+    """`python -m asv ARGS --config FILE`, FILE holding `config` for the with-block. Run it from
+    a checkout's root: asv imports the ".kernels.asv_plugin" plug-in relative to it."""
     with tempfile.TemporaryDirectory(prefix="kernelperf-asv-conf-") as tmp:
         path = Path(tmp) / "asv.conf.json"
         path.write_text(json.dumps(config))
-        command = [sys.executable, "-m", "asv", *args, "--config", str(path)]
+        yield [sys.executable, "-m", "asv", *args, "--config", str(path)]
+
+
+def run_asv(config: dict, *args: str, env: dict | None = None) -> str:
+    """asv with `config` from the repository root, its output returned; raises if it fails."""
+    with asv_command(config, *args) as command:
         result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if result.returncode:
         raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}):\n"

@@ -31,7 +31,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -119,18 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     machine = asv_tools.machine_name()  # the plug-in registers it for asv find (setup hook)
     config = dashboard.asv_config(repo, work / "results", work / "html", branches=["main"],
                                   env_dir=work / "env")
-    (work / "asv.conf.json").write_text(json.dumps(config))
     env = {**os.environ, "KERNELPERF_BENCH_IMPLS": "xla", "KERNELPERF_BENCH_DIRECTIONS": "fwd"}
     if args.case:
         env["KERNELPERF_BENCH_CASES"] = args.case
-    command = [sys.executable, "-m", "asv", "find", "--show-stderr",
-               f"{hashes[0]}..{hashes[-1]}", r"Softmax\.time_device",
-               "--config", str(work / "asv.conf.json")]
-    print("+ " + " ".join(command), flush=True)
     start = time.monotonic()
     # Written as asv goes, so a run cut short by a time limit still shows how far it got.
-    with open(out / "asv_find.log", "w") as log_file:
-        # From this checkout: asv imports the ".kernels.asv_plugin" plug-in relative to it.
+    with dashboard.asv_command(config, "find", "--show-stderr", f"{hashes[0]}..{hashes[-1]}",
+                               r"Softmax\.time_device") as command, \
+            open(out / "asv_find.log", "w") as log_file:
+        print("+ " + " ".join(command), flush=True)
         result = subprocess.run(command, cwd=ROOT, env=env, stdout=log_file,
                                 stderr=subprocess.STDOUT)
     seconds = time.monotonic() - start

@@ -174,12 +174,10 @@ def _asv_config(history: History) -> dict:
 
 def _asv(history: History, *args: str) -> int:
     """asv with the history's configuration, its output shown as it goes; its exit status."""
-    with tempfile.TemporaryDirectory(prefix="kernelperf-history-") as tmp:
-        config = Path(tmp) / "asv.conf.json"
-        config.write_text(json.dumps(_asv_config(history)))
-        command = [sys.executable, "-m", "asv", *args, "--config", str(config)]
+    from kernels import dashboard
+
+    with dashboard.asv_command(_asv_config(history), *args) as command:
         print("+ " + " ".join(command), flush=True)
-        # From the checkout: asv imports the ".kernels.asv_plugin" plug-in relative to it.
         return subprocess.run(command, cwd=history.root).returncode
 
 
