@@ -144,6 +144,16 @@ def test_wgmma_skips_without_hopper():
     assert cuda_wgmma._capability_reason((9, 0)) is None
 
 
+def test_row_kernels_flatten_leading_axes_and_cap_columns_at_int32():
+    import torch
+
+    assert runtime.rows_and_cols(torch.empty(4, 5, 6)) == (20, 6)
+    assert runtime.rows_and_cols(torch.empty(0, 7)) == (0, 7)
+    wide = torch.empty(1).expand(3, 2**31)  # stride 0: no memory behind it
+    with pytest.raises(ValueError, match=r"x: expected at most 2147483647 columns, got 2147483648"):
+        runtime.rows_and_cols(wide)
+
+
 def test_configs_validate_their_fields():
     with pytest.raises(ValueError, match="threads_per_row: expected a multiple of 32 in "
                                          r"\[32, 1024\], got 48"):
@@ -164,10 +174,10 @@ def test_configs_validate_their_fields():
 def test_default_configs_fit_the_row(cols, width):
     config = softmax_cuda.default_config(cols, width)
     assert config.online or config.capacity(width) >= cols
-    assert config.vectors_per_thread <= softmax_cuda.max_vectors_per_thread(width)
-    assert config.online == (cols > 1024 * softmax_cuda.max_vectors_per_thread(width) * width)
+    assert config.vectors_per_thread <= runtime.max_vectors_per_thread(width)
+    assert config.online == (cols > 1024 * runtime.max_vectors_per_thread(width) * width)
     summing = row_sum_cuda.default_config(cols, width)
-    assert summing.vectors_per_thread <= row_sum_cuda.max_vectors_per_thread(width)
+    assert summing.vectors_per_thread <= runtime.max_vectors_per_thread(width)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ message naming the argument, on any machine.
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -41,6 +42,15 @@ DTYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2}
 # Widest access the kernels make: a 16-byte vector.
 VECTOR_BYTES = 16
 INT32_MAX = 2**31 - 1
+
+# The row kernels (softmax.cu, row_sum.cu) give each row a warp, or a block of threads, and
+# each thread several 16-byte accesses per step.
+WARP = 32
+MAX_THREADS = 1024
+VECTORS_PER_THREAD = (1, 2, 4, 8)
+# Row values one thread holds per step (kMaxValuesPerThread in both): 1024-thread blocks get
+# 64 registers a thread, half of them for the row.
+MAX_VALUES_PER_THREAD = 32
 
 
 class CudaError(RuntimeError):
@@ -79,6 +89,43 @@ def equally_aligned(*tensors: Any) -> bool:
     """Whether the tensors' data sit at one offset from a 16-byte boundary, so that rows of
     theirs split alike into a scalar head, 16-byte vectors and a scalar tail."""
     return len({t.data_ptr() % VECTOR_BYTES for t in tensors}) == 1
+
+
+def check_row_mapping(threads_per_row: int, rows_per_block: int,
+                      vectors_per_thread: int) -> None:
+    """Raise unless the row kernels can take this thread mapping: threads_per_row 32 (a warp
+    per row) or a multiple of 32 up to 1024 (a block per row), rows_per_block warps a block
+    only with a warp per row, vectors_per_thread one of VECTORS_PER_THREAD."""
+    t = threads_per_row
+    if t < WARP or t > MAX_THREADS or t % WARP:
+        raise ValueError(f"threads_per_row: expected a multiple of {WARP} in [{WARP}, "
+                         f"{MAX_THREADS}], got {t}")
+    if rows_per_block < 1 or (t > WARP and rows_per_block != 1) \
+            or t * rows_per_block > MAX_THREADS:
+        raise ValueError(f"rows_per_block: expected 1, or up to {MAX_THREADS // WARP} when "
+                         f"threads_per_row is {WARP}; got {rows_per_block} with "
+                         f"threads_per_row={t}")
+    if vectors_per_thread not in VECTORS_PER_THREAD:
+        raise ValueError(f"vectors_per_thread: expected one of {VECTORS_PER_THREAD}, got "
+                         f"{vectors_per_thread}")
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(n)))
+
+
+def max_vectors_per_thread(width: int) -> int:
+    """Most accesses of `width` elements one thread of a row kernel makes per step."""
+    return max(v for v in VECTORS_PER_THREAD if v * width <= MAX_VALUES_PER_THREAD)
+
+
+def rows_and_cols(x: Any) -> tuple[int, int]:
+    """(rows, columns) of a row kernel's input: leading axes flattened, the last the columns,
+    which its int arithmetic caps at INT32_MAX."""
+    cols = x.shape[-1]
+    if cols > INT32_MAX:
+        raise ValueError(f"x: expected at most {INT32_MAX} columns, got {cols}")
+    return x.numel() // cols, cols
 
 
 def current_stream(x: Any) -> int:

@@ -18,6 +18,7 @@ import torch
 
 from kernels import frameworks, registry, validation
 from kernels.cuda import runtime
+from kernels.cuda.runtime import WARP, max_vectors_per_thread, next_power_of_2
 from kernels.ops.row_sum import spec
 
 LIBRARY = runtime.CudaLibrary(Path(__file__).with_name("row_sum.cu"), {
@@ -26,11 +27,6 @@ LIBRARY = runtime.CudaLibrary(Path(__file__).with_name("row_sum.cu"), {
                            ctypes.c_void_p),
 })
 
-WARP = 32
-MAX_THREADS = 1024
-# Values one thread loads per step (kMaxValuesPerThread in row_sum.cu).
-MAX_VALUES_PER_THREAD = 32
-VECTORS_PER_THREAD = (1, 2, 4, 8)
 # Warps per block when each warp owns a row: 256-thread blocks.
 WARP_ROWS_PER_BLOCK = 8
 # A block-per-row group: enough threads to keep loads in flight, few enough that long rows
@@ -55,26 +51,8 @@ class RowSumConfig:
     vectorize: bool = True
 
     def __post_init__(self) -> None:
-        t = self.threads_per_row
-        if t < WARP or t > MAX_THREADS or t % WARP:
-            raise ValueError(f"threads_per_row: expected a multiple of {WARP} in [{WARP}, "
-                             f"{MAX_THREADS}], got {t}")
-        if self.rows_per_block < 1 or (t > WARP and self.rows_per_block != 1) \
-                or t * self.rows_per_block > MAX_THREADS:
-            raise ValueError(f"rows_per_block: expected 1, or up to {MAX_THREADS // WARP} when "
-                             f"threads_per_row is {WARP}; got {self.rows_per_block} with "
-                             f"threads_per_row={t}")
-        if self.vectors_per_thread not in VECTORS_PER_THREAD:
-            raise ValueError(f"vectors_per_thread: expected one of {VECTORS_PER_THREAD}, got "
-                             f"{self.vectors_per_thread}")
-
-
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(n)))
-
-
-def max_vectors_per_thread(width: int) -> int:
-    return max(v for v in VECTORS_PER_THREAD if v * width <= MAX_VALUES_PER_THREAD)
+        runtime.check_row_mapping(self.threads_per_row, self.rows_per_block,
+                                  self.vectors_per_thread)
 
 
 def default_config(cols: int, width: int) -> RowSumConfig:
@@ -83,7 +61,7 @@ def default_config(cols: int, width: int) -> RowSumConfig:
     most = max_vectors_per_thread(width)
     if vectors <= WARP * most:
         return RowSumConfig(threads_per_row=WARP, rows_per_block=WARP_ROWS_PER_BLOCK,
-                            vectors_per_thread=_next_power_of_2(math.ceil(vectors / WARP)))
+                            vectors_per_thread=next_power_of_2(math.ceil(vectors / WARP)))
     small, large = BLOCK_THREADS
     threads = small if vectors <= small * most else large
     return RowSumConfig(threads_per_row=threads, vectors_per_thread=most)
@@ -101,10 +79,7 @@ def row_sum(x: torch.Tensor, *, config: RowSumConfig | None = None) -> torch.Ten
     spec.validate(x)
     validation.check_config(config, RowSumConfig)
     runtime.check_tensor("x", x)
-    cols = x.shape[-1]
-    rows = x.numel() // cols
-    if cols > runtime.INT32_MAX:
-        raise ValueError(f"x: expected at most {runtime.INT32_MAX} columns, got {cols}")
+    rows, cols = runtime.rows_and_cols(x)
     y = frameworks.torch_empty(x.shape[:-1], x.dtype, x.device)
     if rows == 0:
         return y

@@ -20,6 +20,7 @@ import torch
 
 from kernels import frameworks, registry, validation
 from kernels.cuda import runtime
+from kernels.cuda.runtime import MAX_THREADS, WARP, max_vectors_per_thread, next_power_of_2
 from kernels.ops.softmax import spec
 
 LIBRARY = runtime.CudaLibrary(Path(__file__).with_name("softmax.cu"), {
@@ -28,12 +29,6 @@ LIBRARY = runtime.CudaLibrary(Path(__file__).with_name("softmax.cu"), {
                            ctypes.c_int, ctypes.c_void_p),
 })
 
-WARP = 32
-MAX_THREADS = 1024
-# Row values one thread holds (kMaxValuesPerThread in softmax.cu): 1024-thread blocks get 64
-# registers a thread, half of them for the row.
-MAX_VALUES_PER_THREAD = 32
-VECTORS_PER_THREAD = (1, 2, 4, 8)
 # Warps per block when each warp owns a row: 128-thread blocks.
 WARP_ROWS_PER_BLOCK = 4
 # Fewest threads for a block-per-row group: fewer would leave too few loads in flight.
@@ -59,18 +54,8 @@ class SoftmaxConfig:
     vectorize: bool = True
 
     def __post_init__(self) -> None:
-        t = self.threads_per_row
-        if t < WARP or t > MAX_THREADS or t % WARP:
-            raise ValueError(f"threads_per_row: expected a multiple of {WARP} in [{WARP}, "
-                             f"{MAX_THREADS}], got {t}")
-        if self.rows_per_block < 1 or (t > WARP and self.rows_per_block != 1) \
-                or t * self.rows_per_block > MAX_THREADS:
-            raise ValueError(f"rows_per_block: expected 1, or up to {MAX_THREADS // WARP} when "
-                             f"threads_per_row is {WARP}; got {self.rows_per_block} with "
-                             f"threads_per_row={t}")
-        if self.vectors_per_thread not in VECTORS_PER_THREAD:
-            raise ValueError(f"vectors_per_thread: expected one of {VECTORS_PER_THREAD}, got "
-                             f"{self.vectors_per_thread}")
+        runtime.check_row_mapping(self.threads_per_row, self.rows_per_block,
+                                  self.vectors_per_thread)
         if self.online and self.rows_per_block != 1:
             raise ValueError(f"rows_per_block: the online version takes a block per row, got "
                              f"{self.rows_per_block}")
@@ -80,26 +65,18 @@ class SoftmaxConfig:
         return self.threads_per_row * self.vectors_per_thread * width
 
 
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(n)))
-
-
-def max_vectors_per_thread(width: int) -> int:
-    return max(v for v in VECTORS_PER_THREAD if v * width <= MAX_VALUES_PER_THREAD)
-
-
 def default_config(cols: int, width: int) -> SoftmaxConfig:
     """A warp per row while the row fits a warp's registers, then a block, then online."""
     vectors = math.ceil(cols / width)
     most = max_vectors_per_thread(width)
     if vectors <= WARP * most:
         return SoftmaxConfig(threads_per_row=WARP, rows_per_block=WARP_ROWS_PER_BLOCK,
-                             vectors_per_thread=_next_power_of_2(math.ceil(vectors / WARP)))
+                             vectors_per_thread=next_power_of_2(math.ceil(vectors / WARP)))
     if vectors <= MAX_THREADS * most:
         threads = min(MAX_THREADS,
-                      max(MIN_BLOCK_THREADS, _next_power_of_2(math.ceil(vectors / most))))
+                      max(MIN_BLOCK_THREADS, next_power_of_2(math.ceil(vectors / most))))
         return SoftmaxConfig(threads_per_row=threads,
-                             vectors_per_thread=_next_power_of_2(math.ceil(vectors / threads)))
+                             vectors_per_thread=next_power_of_2(math.ceil(vectors / threads)))
     return SoftmaxConfig(threads_per_row=MAX_THREADS, online=True)
 
 
@@ -116,10 +93,7 @@ def softmax(x: torch.Tensor, *, config: SoftmaxConfig | None = None) -> torch.Te
     spec.validate(x)
     validation.check_config(config, SoftmaxConfig)
     runtime.check_tensor("x", x)
-    cols = x.shape[-1]
-    rows = x.numel() // cols
-    if cols > runtime.INT32_MAX:
-        raise ValueError(f"x: expected at most {runtime.INT32_MAX} columns, got {cols}")
+    rows, cols = runtime.rows_and_cols(x)
     y = frameworks.torch_empty(x.shape, x.dtype, x.device)
     if rows == 0:
         return y
