@@ -119,5 +119,5 @@ def test_bad_settings_are_refused_before_any_clone():
         gate.Settings(families=("fortran",))
     with pytest.raises(ValueError, match=r"sizes: expected fractions in \(0, 1\)"):
         gate.Settings(sizes=(5.0,))
-    with pytest.raises(ValueError, match=r"factor: expected > 1"):
+    with pytest.raises(ValueError, match=r"factor: expected a finite number > 1"):
         gate.Settings(factor=1.0)

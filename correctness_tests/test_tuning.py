@@ -78,7 +78,7 @@ def test_tune_command_without_gpu_says_what_it_needs(capsys):
     if devices.this_machine().has_gpu:
         pytest.skip("checks the CPU-only message")
     assert cli.main(["tune", "matmul"]) == 2
-    assert "tune needs a CUDA GPU" in capsys.readouterr().err
+    assert "tune: error: expected a machine with a CUDA GPU" in capsys.readouterr().err
 
 
 def test_tune_command_rejects_unknown_impl(capsys):

@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                            "benchmark's run-to-run shift, which compare then requires a change "
                            "to exceed")
     floor.add_argument("--revision", type=revision, default="HEAD")
-    floor.add_argument("--runs", type=validation.positive_int, default=3)
+    floor.add_argument("--runs", type=validation.int_at_least(2), default=3,
+                       help="asv runs of the commit, whose spread is the floor (>= 2)")
     floor.add_argument("--bench", help="asv benchmark regex (e.g. Softmax.time_device)")
     from kernels import gate, measure_cli, profiling_cli, tuning
 

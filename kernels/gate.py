@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import pathlib
 import signal
@@ -42,7 +43,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 
-from kernels import vcs
+from kernels import validation, vcs
 
 # One implementation of each family, all on one operation whose input has leading rows.
 FAMILIES = {"pallas": "pallas", "triton": "triton", "cuda": "cuda", "xla": "xla"}
@@ -73,13 +74,17 @@ class Settings:
         if unknown or not self.families:
             raise ValueError(f"families: expected some of {sorted(FAMILIES)}, got "
                              f"{list(self.families)}")
-        if not all(0 < s < 1 for s in self.sizes):
+        if not self.sizes or not all(0 < s < 1 for s in self.sizes):
             raise ValueError(f"sizes: expected fractions in (0, 1), got {list(self.sizes)}")
         if self.trials < 0 or self.aa_trials < 0:
             raise ValueError(f"trials, aa_trials: expected >= 0, got {self.trials}, "
                              f"{self.aa_trials}")
-        if not self.factor > 1:
-            raise ValueError(f"factor: expected > 1 (asv continuous -f), got {self.factor}")
+        if not self.trials and not self.aa_trials and not self.speedup:
+            raise ValueError("trials, aa_trials, speedup: expected something to run, got no "
+                             "plant trial, no A/A trial and no speedup")
+        if not (1 < self.factor < math.inf):
+            raise ValueError(f"factor: expected a finite number > 1 (asv continuous -f), got "
+                             f"{self.factor}")
 
 
 def plant_source(op: str, impl: str, fraction: float, framework: str) -> str:
@@ -248,7 +253,7 @@ def main_flow(settings: Settings, *, keep: bool = False,
         reason = devices.case_unavailable_reason(registry.implementation(PLANT_OP, impl),
                                                  op.case(case))
         if reason:
-            raise SystemExit(f"gate-power: {PLANT_OP}-{impl} cannot run {case} here: {reason}")
+            raise validation.UserError(f"{PLANT_OP}-{impl} cannot run {case} here: {reason}")
     source = pathlib.Path(vcs.output(pathlib.Path.cwd(), "rev-parse", "--show-toplevel"))
     head = vcs.output(source, "rev-parse", "HEAD")
     machine = asv_tools.register_machine()
@@ -383,7 +388,7 @@ def cmd_gate_power(args: argparse.Namespace) -> int:
                             aa_trials=args.aa_trials, factor=args.factor,
                             speedup=not args.no_speedup, case=args.case)
     except ValueError as error:
-        raise SystemExit(f"gate-power: {error}") from None
+        raise validation.UserError(str(error)) from None
     return main_flow(settings, keep=args.keep)
 
 

@@ -34,8 +34,8 @@ ATTENTION_FLAGS = {
 def _int_list(text: str) -> list[int]:
     """Comma-separated sizes, each an integer >= 1."""
     try:
-        values = [int(v) for v in text.split(",") if v]
-    except ValueError:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:  # not a number, or an empty item ("4,,8", "8,")
         values = []
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(
@@ -46,7 +46,7 @@ def _int_list(text: str) -> list[int]:
 def _dims(text: str) -> tuple[str, list[int]]:
     name, sep, values = text.partition("=")
     if not sep or not name:
-        raise argparse.ArgumentTypeError(f"--dims: expected name=v1,v2, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected name=v1,v2, got {text!r}")
     return name, _int_list(values)
 
 
@@ -107,7 +107,7 @@ def refuse_gpu_sizes(op, cases: list, flag: str) -> None:
     cap = max((_fwd_bytes(op, c) for c in cpu_cases), default=0.0)
     large = [c for c in cases if _fwd_bytes(op, c) > cap]
     if large:
-        raise SystemExit(
+        raise validation.UserError(
             f"{flag}: expected CPU sizes here (no GPU; at most {memory.human(cap)} moved, "
             f"{op.name}'s largest \"cpu\" case), got {large[0].id} "
             f"({memory.human(_fwd_bytes(op, large[0]))}){' and more' if len(large) > 1 else ''}"
@@ -123,8 +123,16 @@ def select(args) -> tuple[Any, list, list]:
     from kernels import devices, registry
 
     op = registry.operation(args.op)
-    impls = [registry.implementation(op.name, n) for n in args.impl] if args.impl \
-        else registry.implementations(op.name)
+    impls = [registry.implementation(op.name, n) for n in dict.fromkeys(args.impl)] \
+        if args.impl else registry.implementations(op.name)
+    if any(not pattern for pattern in args.case or ()):
+        raise validation.UserError(f"--case: expected parts of case ids, got {args.case} (an "
+                                   f"empty one matches every case)")
+    named = [name for name, _ in args.dims or ()]
+    repeated = sorted({name for name in named if named.count(name) > 1})
+    if repeated:
+        raise validation.UserError(f"--dims: expected each dimension once (values go "
+                                   f"comma-separated: rows=4,8), got {repeated} more than once")
     declared = sorted({c.dtype for c in op.cases})
     refused = [d for d in args.dtype or () if d not in declared]
     if refused:
@@ -177,7 +185,8 @@ def run_rows(op, impls, cases, directions, regime, rule) -> list[Row]:
     from kernels import checking, devices, registry, timing
     from kernels.roofline import report
 
-    todo = [Row(impl, case, d) for case in cases for d in directions for impl in impls]
+    todo = [Row(impl, case, d) for case in cases for d in dict.fromkeys(directions)
+            for impl in impls]
     inputs: dict[str, tuple] = {}  # numpy inputs per case, made once (large ones take seconds)
     for row in report.progress(todo, f"timing {op.name}"):
         reason = devices.case_unavailable_reason(row.impl, row.case)
@@ -293,6 +302,11 @@ def cmd_time(args: argparse.Namespace) -> int:
                       speedup])
     print(table(lines, ["implementation", "case", "dir", "median", "CV", "n", "method", "regime",
                         "stop", "throttled", "TFLOP/s", "GB/s", "roofline", "vs best baseline"]))
+    return _status(rows)
+
+
+def _status(rows: list[Row]) -> int:
+    """1 if a row failed with an error (one failing kernel keeps the others' rows), else 0."""
     return 1 if any(row.skipped and row.skipped.startswith("ERROR") for row in rows) else 0
 
 
@@ -313,16 +327,22 @@ def cmd_roofline(args: argparse.Namespace) -> int:
     for row in rows:
         if row.skipped:
             print(f"skipped {row.impl.id} {row.case.id} {row.direction}: {row.skipped}")
+    if not points:
+        print("roofline: nothing measured (every row skipped, above): no data file written",
+              file=sys.stderr)
+        return 1
     path = report.write_data(points, device, sheet, measured, pathlib.Path(args.out))
     print(f"wrote {path}")
     for png in report.plot_data(path):
         print(f"wrote {png}")
-    return 0
+    return _status(rows)
 
 
 def roofline_data_file(text: str) -> str:
     """argparse type: a roofline data file as `python -m kernels roofline` writes it."""
     import json
+
+    from kernels.roofline import report
 
     path = pathlib.Path(text)
     if not path.is_file():
@@ -334,27 +354,22 @@ def roofline_data_file(text: str) -> str:
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise argparse.ArgumentTypeError(f"expected a roofline data file (JSON), got {text!r}, "
                                          f"which is not JSON ({error})") from None
-    needed = ("model", "timestamp", "ceilings", "points")
-    missing = [key for key in needed if not isinstance(data, dict) or key not in data]
-    if missing:
-        raise argparse.ArgumentTypeError(f"expected a roofline data file with keys {list(needed)}, "
-                                         f"got {text!r}, which lacks {missing}")
-    return text
-
-
-def output_directory(text: str) -> str:
-    """argparse type: a directory to write into; it may not exist yet, but may not be a file."""
-    if pathlib.Path(text).exists() and not pathlib.Path(text).is_dir():
-        raise argparse.ArgumentTypeError(f"expected a directory (existing or new), got {text!r}, "
-                                         f"which is a file")
+    problem = report.data_problem(data)
+    if problem:
+        raise argparse.ArgumentTypeError(f"expected a roofline data file (python -m kernels "
+                                         f"roofline), got {text!r}, which is not one: expected "
+                                         f"{problem}")
     return text
 
 
 def cmd_plot_roofline(args: argparse.Namespace) -> int:
     from kernels.roofline import report
 
-    for png in report.plot_data(pathlib.Path(args.json),
-                                pathlib.Path(args.out) if args.out else None):
+    written = report.plot_data(pathlib.Path(args.json),
+                               pathlib.Path(args.out) if args.out else None)
+    if not written:
+        raise validation.UserError(f"json: {args.json} has no point with FLOPs to draw")
+    for png in written:
         print(f"wrote {png}")
     return 0
 
@@ -419,14 +434,20 @@ def cmd_verify_timing(args: argparse.Namespace) -> int:
     from kernels import crosscheck, devices, registry, timing
     from kernels.cli import table
 
+    selected = [c for c in VERIFY_CASES if (not args.impl or c[1] in args.impl)
+                and (not args.case or any(word in c[2] for word in args.case))]
+    if not selected:
+        raise validation.UserError(
+            f"--impl/--case: expected some of the checked kernels, "
+            f"{sorted({impl for _, impl, _ in VERIFY_CASES})}, and cases, "
+            f"{sorted({case for _, _, case in VERIFY_CASES})}; got --impl {args.impl}, "
+            f"--case {args.case}")
     if not devices.this_machine().has_gpu:
         print("verify-timing: skipped: needs a CUDA GPU (it compares CUPTI kernel time with "
               "an independent profiler trace)")
         return 0
     use_ncu = args.ncu and crosscheck.find_ncu() is not None
     lines, ok = [], True
-    selected = [c for c in VERIFY_CASES if (not args.impl or c[1] in args.impl)
-                and (not args.case or any(word in c[2] for word in args.case))]
     for op_name, impl_name, case_id in selected:
         impl = registry.implementation(op_name, impl_name)
         reason = devices.case_unavailable_reason(impl, registry.operation(op_name).case(case_id))
@@ -483,7 +504,7 @@ def _selection_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep cases whose id contains one of these")
     parser.add_argument("--tags", nargs="+", help="case sets (default: gpu on a GPU, else cpu)")
     parser.add_argument("--dtype", nargs="+", choices=sorted(dtypes.NAMES),
-                        help="keep these dtypes (f32 bf16 f16)")
+                        help="keep these dtypes (of those the operation declares)")
     parser.add_argument("--dims", nargs="+", type=_dims, metavar="NAME=V1,V2",
                         help="build cases over these dimensions instead of the declared ones")
     parser.add_argument("--batch", type=_int_list, help="attention: batch sizes")
@@ -510,17 +531,19 @@ def add_commands(sub) -> dict[str, Callable[[argparse.Namespace], int]]:
     roof = sub.add_parser("roofline", help="time and place on the roofline; JSON + PNG in traces/")
     _selection_arguments(roof)
     roof.add_argument("--direction", nargs="+", choices=("fwd", "bwd"), default=["fwd", "bwd"])
-    roof.add_argument("--out", default="traces", type=output_directory,
+    roof.add_argument("--out", default="traces", type=validation.output_directory,
                       help="directory for the JSON and charts")
     plot = sub.add_parser("plot-roofline", help="redraw roofline charts from a data JSON")
     plot.add_argument("json", type=roofline_data_file)
-    plot.add_argument("--out", type=output_directory,
+    plot.add_argument("--out", type=validation.output_directory,
                       help="directory for the charts (default: beside the JSON)")
     ceil = sub.add_parser("ceilings", help="datasheet vs measured ceilings of this device")
     ceil.add_argument("--refresh", action="store_true", help="measure again, ignoring the cache")
     verify = sub.add_parser("verify-timing", help="timer vs profiler trace; CV over repeats")
-    verify.add_argument("--repeats", type=int, default=10)
-    verify.add_argument("--calls", type=int, default=20, help="calls traced / profiled")
+    verify.add_argument("--repeats", type=validation.int_at_least(2), default=10,
+                        help="timings per kernel, whose spread is reported (>= 2)")
+    verify.add_argument("--calls", type=validation.positive_int, default=20,
+                        help="calls traced / profiled")
     verify.add_argument("--ncu", action="store_true", help="also compare with ncu's durations")
     verify.add_argument("--impl", action="extend", nargs="+",
                         help="only these implementations (default: one per family)")

@@ -10,22 +10,24 @@ from typing import Any
 
 
 def _case(op, case_id: str):
+    from kernels import validation
+
     try:
         return op.case(case_id)
     except ValueError as error:
-        raise SystemExit(f"--{error}") from None
+        raise validation.UserError(f"--{error}") from None
 
 
 def _impls(op_name: str, names: list[str] | None, jax_only: bool = True) -> list:
-    from kernels import registry
+    from kernels import registry, validation
 
-    impls = [registry.implementation(op_name, n) for n in names] if names \
+    impls = [registry.implementation(op_name, n) for n in dict.fromkeys(names)] if names \
         else registry.implementations(op_name)
     if jax_only:
         others = [impl.id for impl in impls if impl.framework != "jax"]
         if others and names:
-            raise SystemExit(f"--impl: expected JAX implementations (XLA compiles and traces "
-                             f"them), got {others}")
+            raise validation.UserError(f"--impl: expected JAX implementations (XLA compiles "
+                                       f"and traces them), got {others}")
         impls = [impl for impl in impls if impl.framework == "jax"]
     return impls
 
@@ -48,7 +50,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     """Trace an implementation (or several, side by side) on one case; print the top kernels."""
     import jax
 
-    from kernels import devices, memory, profiling, registry
+    from kernels import devices, memory, profiling, registry, validation
 
     op = registry.operation(args.op)
     case = _case(op, args.case)
@@ -57,8 +59,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         cpu_cases = [c.id for c in op.cases_tagged("cpu")]
         example = next((c.id for c in op.cases_tagged("bench") if c.id in cpu_cases),
                        cpu_cases[0] if cpu_cases else "none")
-        raise SystemExit(f"--case: expected a CPU case here (no GPU), e.g. {example}; got "
-                         f"{case.id}, a real-size GPU case")
+        raise validation.UserError(f"--case: expected a CPU case here (no GPU), e.g. "
+                                   f"{example}; got {case.id}, a real-size GPU case")
     impls = _impls(op.name, args.impl)
     print(f"machine: {machine.describe()}", flush=True)
     labelled: list[tuple[str, Callable[[], Any]]] = []
@@ -90,8 +92,10 @@ def cmd_memory(args: argparse.Namespace) -> int:
     from kernels.cli import table
 
     machine = devices.this_machine()
-    print(f"machine: {machine.describe()}", flush=True)
     op = registry.operation(args.op)
+    if args.tags:
+        registry.check_tags(args.tags, [op])
+    print(f"machine: {machine.describe()}", flush=True)
     cases = [_case(op, c) for c in args.case] if args.case \
         else registry.select_cases(op, args.tags or _default_tags())
     rows = []
@@ -119,6 +123,7 @@ def cmd_hlo(args: argparse.Namespace) -> int:
     from kernels import devices, hlo, registry
 
     op = registry.operation(args.op)
+    registry.check_tags(args.tags, [op])
     cases = [_case(op, c) for c in args.case] if args.case \
         else registry.select_cases(op, args.tags)
     impls = [impl for impl in _impls(op.name, args.impl)
@@ -147,7 +152,7 @@ def cmd_bottleneck(args: argparse.Namespace) -> int:
     saying what bounds it (kernels.bottleneck)."""
     import pathlib
 
-    from kernels import bottleneck, crosscheck, devices, registry
+    from kernels import bottleneck, crosscheck, devices, registry, validation
     from kernels.cli import table
 
     op = registry.operation(args.op)
@@ -155,7 +160,7 @@ def cmd_bottleneck(args: argparse.Namespace) -> int:
     impls = [registry.implementation(op.name, n) for n in args.impl]
     machine = devices.this_machine()
     if not machine.has_gpu:
-        raise SystemExit("bottleneck: expected a machine with a CUDA GPU (ncu reads its "
+        raise validation.UserError("expected a machine with a CUDA GPU (ncu reads its "
                          "counters), got none")
     ncu = crosscheck.ncu_path()
     out = pathlib.Path(args.out)
@@ -189,6 +194,8 @@ def add_commands(sub: argparse._SubParsersAction) -> dict[str, Callable[[argpars
                                                                          int]]:
     """Add `profile`, `memory`, `hlo` and `bottleneck` to the CLI's subparsers; their handlers
     by name."""
+    from kernels import validation
+
     profile = sub.add_parser("profile", help="XProf trace of implementations on one case, "
                                              "and the top kernels by device time")
     profile.add_argument("op")
@@ -196,9 +203,12 @@ def add_commands(sub: argparse._SubParsersAction) -> dict[str, Callable[[argpars
                                                          "default: every JAX one)")
     profile.add_argument("--case", required=True, help="case id, e.g. f32-32768x4096")
     profile.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
-    profile.add_argument("--top", type=int, default=10, help="kernels to list")
-    profile.add_argument("--iterations", type=int, default=5, help="calls traced")
-    profile.add_argument("--traces", help="root folder (default: $KERNELPERF_TRACES or traces)")
+    profile.add_argument("--top", type=validation.positive_int, default=10,
+                         help="kernels to list")
+    profile.add_argument("--iterations", type=validation.positive_int, default=5,
+                         help="calls traced")
+    profile.add_argument("--traces", type=validation.output_directory,
+                         help="root folder (default: $KERNELPERF_TRACES or traces)")
 
     memory = sub.add_parser("memory", help="peak device memory per implementation and case")
     memory.add_argument("op")

@@ -22,7 +22,6 @@ import dataclasses
 import json
 import pathlib
 import re
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -173,21 +172,21 @@ def tunables(op: str) -> dict[str, Callable[[], Tunable]]:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from kernels import devices
+    from kernels import devices, validation
 
     machine = devices.this_machine()
     available = tunables(args.op)
-    if not available:
-        print(f"no tunable implementation of {args.op!r}", file=sys.stderr)
-        return 2
+    if not available:  # tunables() loaded every module
+        tunable_ops = sorted({op for op, _ in _TUNABLES})
+        raise validation.UserError(f"op: expected an operation with tunable kernels, one of "
+                                   f"{tunable_ops}, got {args.op!r}")
     names = args.impl or sorted(available)
     unknown = [name for name in names if name not in available]
     if unknown:
-        print(f"--impl: expected one of {sorted(available)}, got {unknown}", file=sys.stderr)
-        return 2
+        raise validation.UserError(f"--impl: expected one of {sorted(available)}, got {unknown}")
     if not machine.has_gpu:
-        print(f"tune needs a CUDA GPU; this machine has {machine.describe()}", file=sys.stderr)
-        return 2
+        raise validation.UserError(f"expected a machine with a CUDA GPU (tune times configs "
+                                   f"on it), got {machine.describe()}")
     model = model_key(machine.device_kind)
     timer_name = TIMER_NAME
     for name in names:

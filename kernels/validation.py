@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Iterable
+import pathlib
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kernels import dtypes
@@ -50,6 +51,14 @@ def nonnegative_int(text: str) -> int:
     return _number(text, int, minimum=0, inclusive=True)
 
 
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """argparse type: an integer >= `minimum` (a count whose statistics need that many)."""
+    def convert(text: str) -> int:
+        return _number(text, int, minimum=minimum, inclusive=True)
+
+    return convert
+
+
 def positive_float(text: str) -> float:
     """argparse type: a finite number > 0 (a time budget); 'nan' and 'inf' are refused."""
     return _number(text, float, minimum=0.0, inclusive=False)
@@ -58,6 +67,15 @@ def positive_float(text: str) -> float:
 def nonnegative_float(text: str) -> float:
     """argparse type: a finite number >= 0 (a relative gap)."""
     return _number(text, float, minimum=0.0, inclusive=True)
+
+
+def output_directory(text: str) -> str:
+    """argparse type: a directory to write into; it may not exist yet, but may not be a file."""
+    path = pathlib.Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"expected a directory (existing or new), got {text!r}, "
+                                         f"which is a file")
+    return text
 
 
 def check_x64_for(name: str, x: Any) -> None:

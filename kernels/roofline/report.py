@@ -85,6 +85,72 @@ def write_data(points: list[dict[str, Any]], device, sheet, measured,
     return path
 
 
+_POINT_TEXT = ("op", "impl", "case", "dtype")
+_POINT_NUMBERS = ("flops", "bytes", "median_s")  # each > 0, but FLOPs may be 0 (a broadcast)
+
+
+def data_problem(data: Any) -> str | None:
+    """What keeps `data` from being drawn as a roofline data file (`write_data`'s layout), in
+    words naming the field; None if nothing does."""
+    if not isinstance(data, dict):
+        return f"an object, got {type(data).__name__}"
+    missing = [key for key in ("model", "timestamp", "fingerprint", "ceilings", "points")
+               if key not in data]
+    if missing:
+        return f"keys ['model', 'timestamp', 'fingerprint', 'ceilings', 'points'], lacks {missing}"
+    for key in ("model", "timestamp"):
+        if not isinstance(data[key], str):
+            return f"{key!r} a string, got {data[key]!r}"
+    if not isinstance(data["fingerprint"], dict) or \
+            not isinstance(data["fingerprint"].get("name"), str):
+        return f"'fingerprint' an object with a 'name', got {data['fingerprint']!r:.80}"
+    roofs = data["ceilings"]
+    if not isinstance(roofs, dict) or set(roofs) != {"datasheet", "measured"}:
+        return f"'ceilings' an object of 'datasheet' and 'measured', got {roofs!r:.80}"
+    built = []
+    for kind, roof in roofs.items():
+        if roof is None:
+            continue
+        try:
+            ceiling = ceilings.Ceiling.from_dict(roof)
+        except TypeError as error:
+            return f"ceilings[{kind!r}] a ceiling's fields, got {roof!r:.80} ({error})"
+        numbers = [ceiling.bandwidth, *ceiling.flops.values()] \
+            if isinstance(ceiling.flops, dict) else []
+        if not numbers or not all(_positive(v) for v in numbers):
+            return f"ceilings[{kind!r}] a bandwidth and FLOP/s per dtype > 0, got {roof!r:.80}"
+        built.append(ceiling)
+    points = data["points"]
+    if not isinstance(points, list) or not points:
+        return f"'points' a non-empty list, got {points!r:.80}"
+    for i, point in enumerate(points):
+        if not isinstance(point, dict):
+            return f"points[{i}] an object, got {point!r:.80}"
+        for key in _POINT_TEXT:
+            if not isinstance(point.get(key), str):
+                return f"points[{i}][{key!r}] a string, got {point.get(key)!r:.80}"
+        if point.get("direction") not in registry.DIRECTIONS:
+            return (f"points[{i}]['direction'] one of {registry.DIRECTIONS}, got "
+                    f"{point.get('direction')!r:.80}")
+        for key in _POINT_NUMBERS:
+            value = point.get(key)
+            if not (_positive(value) or (key == "flops" and value == 0)):
+                return f"points[{i}][{key!r}] a number > 0, got {value!r:.80}"
+        if not isinstance(point.get("placement"), dict):
+            return f"points[{i}]['placement'] an object, got {point.get('placement')!r:.80}"
+        for ceiling in built:
+            try:
+                ceiling.peak(point["dtype"])
+            except KeyError as error:
+                return f"points[{i}]['dtype'] one its ceilings know: {error}"
+    return None
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) \
+        and math.isfinite(value) and value > 0
+
+
 def _roofs(axes, ceiling: ceilings.Ceiling, dtypes: Iterable[str], x_range, scale: float,
            unit: str, colors: dict[str, str]) -> None:
     """Draw `ceiling`'s roofs: one per distinct compute peak among `dtypes`, in its color."""
@@ -188,8 +254,8 @@ def plot(data: dict[str, Any], direction: str, path: pathlib.Path) -> pathlib.Pa
                    f"points: % of the measured roof (datasheet where none); "
                    f"solid: measured roofs, dashed: datasheet", fontsize=10)
     axes.grid(True, which="both", alpha=0.25)
-    roof_legend = axes.legend(fontsize=7.5, loc="upper left")
-    axes.add_artist(roof_legend)
+    if roofs:  # a data file may carry no ceilings (an unknown device measured none)
+        axes.add_artist(axes.legend(fontsize=7.5, loc="upper left"))
     handles = [Line2D([], [], linestyle="", marker=markers[k % len(markers)], color="gray",
                       markeredgecolor="black", label=f"{op}-{impl}")
                for k, (op, impl) in enumerate(impls)]
