@@ -50,7 +50,7 @@ def test_magnitude_applies_to_the_finite_entries_only():
 def test_empty_arrays_compare_equal():
     result = compare(np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32), tolerance=0.1,
                      name="empty")
-    assert result.relative_error == 0 and result.max_error == 0
+    assert result.relative_error == 0 and result.max_error == 0 and result.name == "empty"
 
 
 def test_zeros_are_fine_where_the_reference_cancels_below_its_terms():
@@ -104,3 +104,13 @@ def test_result_carries_its_name_and_numbers():
     assert result.name == "out" and result.tolerance == 0.1
     assert result.max_error == pytest.approx(0.01, rel=1e-3)
     assert str(result) == "out: rel 8.94e-03, max 1.00e-02 (tol 1.0e-01)"
+
+
+def test_values_in_messages_print_as_their_dtype_does():
+    """float32 values print as float32 ("0.1", not its float64 expansion); float64 as float64."""
+    expected = np.ones(4, np.float32)
+    actual = np.array([1.0, 1.0, 0.1, 1.0], np.float32)
+    with pytest.raises(CheckFailure, match=r"worst at \(2,\): got 0\.1, expected 1\.0$"):
+        compare(actual, expected, tolerance=0.01, name="f32")
+    with pytest.raises(CheckFailure, match=r"got 0\.10000000149011612, expected 1\.0$"):
+        compare(actual.astype(np.float64), expected, tolerance=0.01, name="f64")

@@ -211,6 +211,14 @@ def test_modified_input_is_caught_on_the_device_path(planted, device_path, monke
     assert checks, "the input check did not run on the device"
 
 
+def test_shape_mismatch_is_named_on_both_paths(device_path):
+    expected = np.ones((3, 2), np.float32)
+    for actual in (np.ones((2, 3), np.float32), jnp.ones((2, 3), jnp.float32)):
+        with pytest.raises(checking.CheckFailure, match=r"^y: shape \(2, 3\), expected \(3, 2\)$"):
+            checking.compare(actual, jnp.asarray(expected) if isinstance(actual, jax.Array)
+                             else expected, tolerance=0.1, name="y")
+
+
 def _scenarios():
     """(name, actual, expected, magnitude) covering every guard and a pass."""
     rng = np.random.default_rng(3)

@@ -242,8 +242,10 @@ def _judge(s: _Stats, actual, expected, work_dtype, *, tolerance: float, name: s
     shape = tuple(expected.shape)
 
     def at(x, flat: int):
+        """(index, value) of a flat position; the value as its dtype prints it (a float32's
+        0.1 as "0.1", where an f-string would print its float64 expansion)."""
         index = tuple(int(i) for i in np.unravel_index(flat, shape))
-        return index, np.asarray(x[index]).astype(work_dtype)[()]
+        return index, str(np.asarray(x[index]).astype(work_dtype)[()])
 
     size = math.prod(shape)
     if s.bad_count:
