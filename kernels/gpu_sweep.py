@@ -347,7 +347,9 @@ class SanitizerArm:
     tests_k: str = ""
 
 
-MEMCHECK = ("--tool", "memcheck", "--kernel-name", "kns=kernelperf_")
+PLAIN_MEMCHECK = ("--tool", "memcheck")
+MEMCHECK = (*PLAIN_MEMCHECK, "--kernel-name", "kns=kernelperf_")  # our kernels only
+APPLICATION_ONLY = ("--target-processes", "application-only")  # not the test's children
 # What the arms showed on the H100 (2026-11-25, perf_tests/RESULTS.md), every fault at one
 # instruction of the compute-sanitizer executable (kernel log): following the test process's
 # children, the tests died in 8 of 17 runs, at varying tests, with an empty nvcc build cache or
@@ -357,30 +359,30 @@ MEMCHECK = ("--tool", "memcheck", "--kernel-name", "kns=kernelperf_")
 SANITIZER_ARMS = (
     SanitizerArm("tests, memcheck", "tests", MEMCHECK),
     SanitizerArm("tests, memcheck, application-only", "tests",
-                 MEMCHECK + ("--target-processes", "application-only")),
+                 MEMCHECK + APPLICATION_ONLY),
     SanitizerArm("tests, memcheck, warm build cache", "tests", MEMCHECK, False),
     SanitizerArm("tests, no sanitizer", "tests", None),
-    SanitizerArm("nvcc + ctypes probe, memcheck", "build probe", ("--tool", "memcheck")),
+    SanitizerArm("nvcc + ctypes probe, memcheck", "build probe", PLAIN_MEMCHECK),
     SanitizerArm("launches + children probe, memcheck", "launch probe", MEMCHECK),
-    SanitizerArm("torch + children probe, memcheck", "children probe", ("--tool", "memcheck")),
+    SanitizerArm("torch + children probe, memcheck", "children probe", PLAIN_MEMCHECK),
     SanitizerArm("torch + children probe, memcheck, application-only", "children probe",
-                 ("--tool", "memcheck", "--target-processes", "application-only")),
-    SanitizerArm("JAX + nvcc + ctypes probe, memcheck", "JAX probe", ("--tool", "memcheck")),
+                 PLAIN_MEMCHECK + APPLICATION_ONLY),
+    SanitizerArm("JAX + nvcc + ctypes probe, memcheck", "JAX probe", PLAIN_MEMCHECK),
     SanitizerArm("JAX + nvcc + ctypes probe, memcheck, application-only", "JAX probe",
-                 ("--tool", "memcheck", "--target-processes", "application-only")),
+                 PLAIN_MEMCHECK + APPLICATION_ONLY),
     # Halving the tests: the runs that died had started test_softmax_versions (most) or a
     # test_small_registry_cases item of the CUDA matmuls, 25-75 s in.
     SanitizerArm("softmax versions alone, memcheck", "tests", MEMCHECK,
                  tests_k="test_softmax_versions"),
     SanitizerArm("softmax versions alone, memcheck, application-only", "tests",
-                 MEMCHECK + ("--target-processes", "application-only"),
+                 MEMCHECK + APPLICATION_ONLY,
                  tests_k="test_softmax_versions"),
     SanitizerArm("registry cases alone, memcheck", "tests", MEMCHECK,
                  tests_k="test_small_registry_cases"),
     # What died 4 of 4 (softmax versions alone, 21-25 s in) against application-only 0 of 4
     # and the registry cases 0 of 4: is it the kernel-name filter, pytest, JAX?
     SanitizerArm("softmax versions alone, memcheck, no kernel filter", "tests",
-                 ("--tool", "memcheck"), tests_k="test_softmax_versions"),
+                 PLAIN_MEMCHECK, tests_k="test_softmax_versions"),
     SanitizerArm("softmax script, memcheck", "softmax probe", MEMCHECK),
     SanitizerArm("softmax + JAX script, memcheck", "softmax + JAX probe", MEMCHECK),
     # That split (with the kernel-name filter 4 of 4 died, without it 0 of 4; the softmax
@@ -388,7 +390,7 @@ SANITIZER_ARMS = (
     # with the filter, with and without children after the start.
     SanitizerArm("JAX + nvcc + ctypes probe, memcheck, kernel filter", "JAX probe", MEMCHECK),
     SanitizerArm("JAX + nvcc + ctypes probe, memcheck, kernel filter, application-only",
-                 "JAX probe", MEMCHECK + ("--target-processes", "application-only")),
+                 "JAX probe", MEMCHECK + APPLICATION_ONLY),
     SanitizerArm("JAX + one build probe, memcheck, kernel filter", "JAX probe, one build",
                  MEMCHECK),
     # JAX_PROBE passed all 15 (filter, children or not); the softmax's module has many
@@ -396,7 +398,7 @@ SANITIZER_ARMS = (
     SanitizerArm("many kernels + JAX probe, memcheck, kernel filter", "many kernels probe",
                  MEMCHECK),
     SanitizerArm("many kernels + JAX probe, memcheck, kernel filter, application-only",
-                 "many kernels probe", MEMCHECK + ("--target-processes", "application-only")),
+                 "many kernels probe", MEMCHECK + APPLICATION_ONLY),
 )
 # The story in three arms: the smallest reproduction, the same not following children, and
 # the README's command over the whole small tier.

@@ -161,7 +161,7 @@ def cmd_bottleneck(args: argparse.Namespace) -> int:
     machine = devices.this_machine()
     if not machine.has_gpu:
         raise validation.UserError("expected a machine with a CUDA GPU (ncu reads its "
-                         "counters), got none")
+                                   "counters), got none")
     ncu = crosscheck.ncu_path()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

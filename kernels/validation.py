@@ -41,22 +41,16 @@ def _number(text: str, kind: type, *, minimum: float, inclusive: bool) -> float:
     return value
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    return _number(text, int, minimum=1, inclusive=True)
-
-
-def nonnegative_int(text: str) -> int:
-    """argparse type: an integer >= 0 (a seed)."""
-    return _number(text, int, minimum=0, inclusive=True)
-
-
 def int_at_least(minimum: int) -> Callable[[str], int]:
     """argparse type: an integer >= `minimum` (a count whose statistics need that many)."""
     def convert(text: str) -> int:
         return _number(text, int, minimum=minimum, inclusive=True)
 
     return convert
+
+
+positive_int = int_at_least(1)  # argparse type: an integer >= 1
+nonnegative_int = int_at_least(0)  # argparse type: an integer >= 0 (a seed)
 
 
 def positive_float(text: str) -> float:

@@ -85,6 +85,7 @@ def write_data(points: list[dict[str, Any]], device, sheet, measured,
     return path
 
 
+_DATA_KEYS = ("model", "timestamp", "fingerprint", "ceilings", "points")
 _POINT_TEXT = ("op", "impl", "case", "dtype")
 _POINT_NUMBERS = ("flops", "bytes", "median_s")  # each > 0, but FLOPs may be 0 (a broadcast)
 
@@ -94,10 +95,9 @@ def data_problem(data: Any) -> str | None:
     words naming the field; None if nothing does."""
     if not isinstance(data, dict):
         return f"an object, got {type(data).__name__}"
-    missing = [key for key in ("model", "timestamp", "fingerprint", "ceilings", "points")
-               if key not in data]
+    missing = [key for key in _DATA_KEYS if key not in data]
     if missing:
-        return f"keys ['model', 'timestamp', 'fingerprint', 'ceilings', 'points'], lacks {missing}"
+        return f"keys {list(_DATA_KEYS)}, lacks {missing}"
     for key in ("model", "timestamp"):
         if not isinstance(data[key], str):
             return f"{key!r} a string, got {data[key]!r}"
