@@ -1,5 +1,7 @@
 """Pallas Mosaic GPU attention specifics the generic harness does not reach on CPU."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +18,26 @@ def test_mosaic_config_checks():
         pallas_mosaic.MosaicAttentionConfig(block_kv=96)
     with pytest.raises(ValueError, match="max_concurrent_steps: expected >= 1"):
         pallas_mosaic.MosaicAttentionConfig(max_concurrent_steps=0)
+    with pytest.raises(TypeError, match="fused_burst: expected True or False, got 1"):
+        pallas_mosaic.MosaicAttentionConfig(fused_burst=1)
     assert pallas_mosaic.MosaicAttentionConfig().seq_multiple == 128
+
+
+def test_mosaic_default_config_takes_only_the_tuned_fields(monkeypatch):
+    """A tuned entry changes only the forward fields the tune sweeps, whatever else it
+    recorded, and only at the head_dim it was tuned at."""
+    defaults = pallas_mosaic.GPU_DEFAULTS
+    tuned = pallas_mosaic.MosaicAttentionConfig(block_kv=64, max_concurrent_steps=3,
+                                                block_kv_dq=16, fused_burst=False)
+    monkeypatch.setattr(pallas_mosaic.tuning, "tuned_config", lambda *a, **k: None)
+    assert pallas_mosaic.default_config(128) == defaults[128]
+    assert pallas_mosaic.default_config(64) == defaults[64]
+    monkeypatch.setattr(pallas_mosaic.tuning, "tuned_config", lambda *a, **k: tuned)
+    assert pallas_mosaic.default_config(128) == dataclasses.replace(
+        defaults[128], block_kv=64, max_concurrent_steps=3)
+    assert pallas_mosaic.default_config(64) == defaults[64]
+    with pytest.raises(ValueError, match="head_dim: expected one of 64, 128"):
+        pallas_mosaic.default_config(96)
 
 
 def test_mosaic_rejects_f32_with_the_reason():
@@ -36,17 +57,21 @@ def test_mosaic_skips_on_cpu_saying_why():
         pallas_mosaic.attention(q, q, q)
 
 
-@pytest.mark.parametrize("shape,dtype,causal", [
-    ((2, 37, 2, 64), jnp.bfloat16, True),     # ragged, one block, causal
-    ((1, 300, 2, 128), jnp.float16, False),   # ragged last key block masked
-    ((4, 4096, 16, 128), jnp.bfloat16, False),  # the benchmark shape
+@pytest.mark.parametrize("shape,dtype,causal,flags", [
+    ((2, 37, 2, 64), jnp.bfloat16, True, {}),     # ragged, one block, causal
+    ((1, 300, 2, 128), jnp.float16, False, {}),   # ragged last key block masked
+    ((4, 4096, 16, 128), jnp.bfloat16, False, {}),  # the benchmark shape
+    ((4, 4096, 16, 128), jnp.bfloat16, True, {}),
+    # Both forward schedules on ragged shapes, causal and not (every masked/unmasked path).
+    ((1, 300, 2, 128), jnp.bfloat16, True, {"fused_burst": False}),
+    ((1, 300, 2, 64), jnp.bfloat16, False, {"fused_burst": True}),
 ])
-def test_mosaic_lowers_for_hopper(shape, dtype, causal):
+def test_mosaic_lowers_for_hopper(shape, dtype, causal, flags):
     """Forward and backward traced and lowered to Mosaic GPU for a CUDA target, on any machine:
     what can be checked of the kernels without a Hopper GPU (layouts, wgmma shapes,
     barrier and shared-memory declarations)."""
     x = jax.ShapeDtypeStruct(shape, dtype)
-    config = pallas_mosaic.GPU_DEFAULTS[shape[-1]]
+    config = dataclasses.replace(pallas_mosaic.default_config(shape[-1]), **flags)
 
     def forward_backward(q, k, v, do):
         attention = pallas_mosaic._attention_jit

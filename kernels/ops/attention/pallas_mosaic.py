@@ -9,8 +9,10 @@ issue wgmma for S = Q K^T (both operands in shared memory) and O += P V (P
 from registers), with the online softmax in registers in base 2 (the logits
 scaled by log2(e) / sqrt(d), so exp2 is one FMA and one MUFU op). A shared
 "schedule" barrier alternates the two consumers, so that one's softmax runs
-while the other's matmuls occupy the tensor cores. The output is normalised
-at the end and written by TMA with the base-2 log-sum-exp of every row.
+while the other's matmuls occupy the tensor cores. With `fused_burst`, a
+consumer issues O += P_i V_i and the next block's S = Q K_{i+1}^T together and
+waits once for both. The output is normalised at the end and written by TMA
+with the base-2 log-sum-exp of every row.
 
 Backward (FlashAttention-2 Algorithm 2, split in two kernels since Mosaic GPU
 here has no float atomics for dQ): the dK/dV kernel gives each consumer
@@ -19,7 +21,9 @@ Q, dO, the log-sum-exp and delta = rowsum(dO * O) (computed by XLA); it works
 on transposes (S^T = K Q^T, dP^T = V dO^T) so that P^T and dS^T are register
 A operands of dV += P^T dO and dK += dS^T Q. The dQ kernel gives each
 consumer block_q_dq query rows (Q, dO) and streams K and V blocks:
-dQ += dS K.
+dQ += dS K. In both, the dP product is issued with the S product (it does not
+need P), so it runs under the exp2; the dK/dV kernel then issues dV and dK
+together.
 
 Sequence lengths are zero-padded in the wrapper to a multiple of every block
 (one copy of q, k, v, dO, only when seq is not a multiple; the results are
@@ -63,6 +67,11 @@ COMPUTE_WGS = 2  # consumer warpgroups per CTA; a third one is the TMA producer
 # 0.949 0.961 0.824 1.003 0.972 (16 MiB and 32 MiB a little behind). The non-causal forward
 # keeps no groups (every block is as long, and it was 1% faster so).
 L2_GROUP_BYTES = 8 << 20
+# Registers per thread after setmaxnreg: 2 consumers x 232 + the producer's 40 = 504 of the 512
+# a lane has across the CTA's three warpgroups (asking for more blocks a warpgroup forever:
+# 240 with 40 hung the H100).
+CONSUMER_REGISTERS = 232
+PRODUCER_REGISTERS = 40
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -84,8 +93,11 @@ class MosaicAttentionConfig:
     block_q_dq: int = 64
     block_kv_dq: int = 64
     max_concurrent_steps_bwd: int = 3
+    fused_burst: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.fused_burst, bool):
+            raise TypeError(f"fused_burst: expected True or False, got {self.fused_burst!r}")
         for name in ("block_q", "block_kv_dkv", "block_q_dq"):
             value = getattr(self, name)
             if value < 64 or value % 64:
@@ -120,22 +132,37 @@ class MosaicAttentionConfig:
 # grid change (2026-11-25, two runs): head_dim 64's dK/dV kernel streaming 128-query blocks
 # 0.81x -> 0.86x (causal 0.96x -> 1.00x); at 128 it lost (0.90x -> 0.80x), and a third stage
 # does not fit there; 64-key dQ blocks and deeper rings changed nothing at 64.
+#
+# 2026-11-25 (fourth session; H100, same runs, perf_tests/RESULTS.md): independent wgmmas issued
+# before the elementwise work that does not need them. dQ kernel: dP with S, the exp2 under it;
+# dK/dV kernel: dP^T with S^T, then dV with dK after dS^T. Backward hd128 0.90x -> 0.90x,
+# causal 0.94x -> 0.98x, hd64 0.86x -> 0.94x, causal 1.01x -> 1.12x. Forward (fused_burst):
+# P V and the next block's Q K^T issued together, one wait for both, the other warpgroup's
+# softmax under them: hd128 0.94x -> 0.97x, causal 1.00x -> 1.01x; hd64 0.99x -> 0.83x (its
+# 256-key S tile), so off there.
 GPU_DEFAULTS = {
-    128: MosaicAttentionConfig(block_kv_dq=128, max_concurrent_steps_bwd=2),
+    128: MosaicAttentionConfig(block_kv_dq=128, max_concurrent_steps_bwd=2, fused_burst=True),
     64: MosaicAttentionConfig(block_kv=256, block_q_dkv=128, block_kv_dq=128,
                               max_concurrent_steps_bwd=2),
 }
 GPU_DEFAULT = GPU_DEFAULTS[128]
 TUNING_CASE = "bf16-4x4096x16x128"
+TUNED_FIELDS = ("block_kv", "max_concurrent_steps")  # what `tune` varies (TUNING_CANDIDATES)
 
 
 def default_config(head_dim: int = 128) -> MosaicAttentionConfig:
-    """This GPU model's tuned config (tuned.json) at the head_dim it was tuned at, else the
-    measured default for `head_dim`."""
-    tuned = None
+    """The measured default for `head_dim`, with this GPU model's tuned forward blocks
+    (tuned.json) at the head_dim they were tuned at. Only the fields the tune varies are taken
+    from its entry: the rest of an entry records the defaults of its day."""
+    if head_dim not in GPU_DEFAULTS:
+        raise ValueError(f"head_dim: expected one of 64, 128 (Mosaic attention), got {head_dim}")
+    config = GPU_DEFAULTS[head_dim]
     if head_dim == spec.OPERATION.case(TUNING_CASE)["head_dim"]:
         tuned = tuning.tuned_config(spec.NAME, IMPL, MosaicAttentionConfig)
-    return tuned or GPU_DEFAULTS[head_dim]
+        if tuned is not None:
+            config = dataclasses.replace(config, **{name: getattr(tuned, name)
+                                                    for name in TUNED_FIELDS})
+    return config
 
 
 def _smem_layout():
@@ -269,7 +296,7 @@ def attention_forward_kernel(
 
     @pl.when(wg < COMPUTE_WGS)
     def _consumer():
-        plgpu.set_max_registers(232, action="increase")
+        plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
         q_smem = qo_smem.at[wg]
         q_start = cta_q + wg * bq
         rows = (batch, pl.ds(q_start, bq), head)
@@ -284,18 +311,9 @@ def attention_forward_kernel(
         # Ping-pong: warpgroup 1 starts half a round late.
         pl.when(wg == 1)(schedule_sync)
 
-        def step(i, carry, masked: bool):
+        def softmax(i, s, carry, masked: bool):
+            """P (input dtype) of logits block i, and the statistics and output rescaled."""
             acc, m, row_sum = carry
-            slot = lax.rem(i, jnp.int32(stages))
-            plgpu.barrier_wait(k_ready.at[slot])
-
-            def qk(s_ref):
-                plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].T)
-                schedule_sync()  # the other warpgroup's softmax runs under this matmul
-                return s_ref[...]
-
-            s = pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32))
-            plgpu.barrier_arrive(k_freed.at[slot])
             if masked:
                 s = jnp.where(_mask((bq, bk), q_start, i * bk, seq, causal), s, -jnp.inf)
             # Base 2, logits scaled by c = log2(e) / sqrt(d): exp2(s c - m) is one FMA + ex2.
@@ -306,7 +324,20 @@ def attention_forward_kernel(
             p = jnp.exp2(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))
             acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
             row_sum = row_sum * alpha + p.sum(axis=1)
-            p16 = p.astype(dtype)
+            return p.astype(dtype), (acc, m_new, row_sum)
+
+        def step(i, carry, masked: bool):
+            slot = lax.rem(i, jnp.int32(stages))
+            plgpu.barrier_wait(k_ready.at[slot])
+
+            def qk(s_ref):
+                plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].T)
+                schedule_sync()  # the other warpgroup's softmax runs under this matmul
+                return s_ref[...]
+
+            s = pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32))
+            plgpu.barrier_arrive(k_freed.at[slot])
+            p16, (acc, m, row_sum) = softmax(i, s, carry, masked)
             plgpu.barrier_arrive(schedule)  # softmax done
             plgpu.barrier_wait(v_ready.at[slot])
             plgpu.barrier_wait(schedule)  # the other warpgroup's matmuls have been issued
@@ -316,13 +347,61 @@ def attention_forward_kernel(
 
             acc = pl.run_state(pv)(plgpu.ACC.init(acc))
             plgpu.barrier_arrive(v_freed.at[slot])
-            return acc, m_new, row_sum
+            return acc, m, row_sum
+
+        def burst_step(i, carry, masked: bool, last: bool = False):
+            # P_i V_i and the next block's S = Q K_{i+1}^T go to the tensor cores together,
+            # one wait for both; the other warpgroup's softmax runs under them.
+            *stats, s = carry
+            p16, (acc, m, row_sum) = softmax(i, s, stats, masked)
+            slot = lax.rem(i, jnp.int32(stages))
+            following = lax.rem(i + 1, jnp.int32(stages))
+            plgpu.barrier_arrive(schedule)  # softmax done
+            plgpu.barrier_wait(v_ready.at[slot])
+            if not last:
+                plgpu.barrier_wait(k_ready.at[following])
+            plgpu.barrier_wait(schedule)  # the other warpgroup's matmuls have been issued
+
+            def burst(refs):
+                plgpu.wgmma(refs[0], p16, v_smem.at[slot])
+                if not last:
+                    plgpu.wgmma(refs[1], q_smem, k_smem.at[following].T)
+                schedule_sync()
+
+            refs = [plgpu.ACC.init(acc)]
+            if not last:
+                refs.append(plgpu.ACC.init(plgpu.layout_cast(
+                    jnp.full((bq, bk), 0.0, jnp.float32), plgpu.Layout.WGMMA)))
+            acc, *s = pl.run_state(burst)(tuple(refs))
+            plgpu.barrier_arrive(v_freed.at[slot])
+            if last:
+                return acc, m, row_sum
+            plgpu.barrier_arrive(k_freed.at[following])
+            return acc, m, row_sum, s[0]
 
         carry = (acc, m, row_sum)
-        carry = lax.fori_loop(0, _int(unmasked), functools.partial(step, masked=False), carry)
-        if causal or seq % bk:
-            carry = lax.fori_loop(_int(unmasked), _int(steps),
-                                  functools.partial(step, masked=True), carry)
+        if not config.fused_burst:
+            carry = lax.fori_loop(0, _int(unmasked), functools.partial(step, masked=False),
+                                  carry)
+            if causal or seq % bk:
+                carry = lax.fori_loop(_int(unmasked), _int(steps),
+                                      functools.partial(step, masked=True), carry)
+        else:
+            plgpu.barrier_wait(k_ready.at[0])
+
+            def first_qk(s_ref):
+                plgpu.wgmma(s_ref, q_smem, k_smem.at[0].T)
+                return s_ref[...]
+
+            carry = (*carry, pl.run_scoped(first_qk, plgpu.ACC((bq, bk), jnp.float32)))
+            plgpu.barrier_arrive(k_freed.at[0])
+            split = jnp.minimum(unmasked, steps - 1)
+            carry = lax.fori_loop(0, _int(split), functools.partial(burst_step, masked=False),
+                                  carry)
+            if causal or seq % bk:
+                carry = lax.fori_loop(_int(split), _int(steps - 1),
+                                      functools.partial(burst_step, masked=True), carry)
+            carry = burst_step(steps - 1, carry, masked=bool(causal or seq % bk), last=True)
         acc, m, row_sum = carry
         pl.when(wg == 0)(schedule_sync)
 
@@ -336,7 +415,7 @@ def attention_forward_kernel(
 
     @pl.when(wg == COMPUTE_WGS)
     def _producer():
-        plgpu.set_max_registers(40, action="decrease")
+        plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
 
         def block(ref, i):
             return ref.at[batch, pl.ds(i * bk, bk), head]
@@ -377,7 +456,7 @@ def attention_backward_kernel_dkv(
 
     @pl.when(wg < COMPUTE_WGS)
     def _consumer():
-        plgpu.set_max_registers(232, action="increase")
+        plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
         k_wg, v_wg = k_smem.at[wg], v_smem.at[wg]
         k_start = cta_k + wg * bk
         rows = (batch, pl.ds(k_start, bk), head)
@@ -391,36 +470,38 @@ def attention_backward_kernel_dkv(
             dk, dv = carry
             slot = lax.rem(i - first, jnp.int32(stages))
             q_blk, do_blk = q_ring.at[slot], do_ring.at[slot]
-            plgpu.barrier_wait(q_ready.at[slot])
+            for ready in (q_ready, lse_ready, do_ready):
+                plgpu.barrier_wait(ready.at[slot])
 
-            def s_t(acc_ref):
-                plgpu.wgmma(acc_ref, k_wg, q_blk.T)
-                return acc_ref[...]
+            def p_t(st, masked: bool):
+                lse = compat.mosaic_gpu_load(lse_ring.at[slot], layout=col_layout)
+                pt = jnp.exp2(st * c - lax.broadcast_in_dim(lse, st.shape, [1]))
+                if masked:
+                    pt = jnp.where(_mask((bk, bq), k_start, i * bq, seq, causal,
+                                         transposed=True), pt, 0.0)
+                return pt
 
-            st = pl.run_scoped(s_t, plgpu.ACC((bk, bq), jnp.float32))
-            plgpu.barrier_wait(lse_ready.at[slot])
-            lse = compat.mosaic_gpu_load(lse_ring.at[slot], layout=col_layout)
-            pt = jnp.exp2(st * c - lax.broadcast_in_dim(lse, st.shape, [1]))
-            if masked:
-                pt = jnp.where(_mask((bk, bq), k_start, i * bq, seq, causal, transposed=True),
-                               pt, 0.0)
-            plgpu.barrier_wait(do_ready.at[slot])
-
-            def dv_dpt(refs):
-                dv_ref, dpt_ref = refs
-                plgpu.wgmma(dv_ref, pt.astype(dtype), do_blk)
+            def s_t_dp_t(st_ref, dpt_ref):
+                # dP^T does not depend on P^T: issued with S^T, it runs under the exp2.
+                plgpu.wgmma(st_ref, k_wg, q_blk.T)
                 plgpu.wgmma(dpt_ref, v_wg, do_blk.T)
+                pt = p_t(plgpu.wgmma_accumulator_load(st_ref, wait_n=1), masked)
+                return pt, plgpu.wgmma_accumulator_load(dpt_ref, wait_n=0)
 
-            zeros = plgpu.layout_cast(jnp.full((bk, bq), 0.0, jnp.float32), plgpu.Layout.WGMMA)
-            dv, dpt = pl.run_state(dv_dpt)((plgpu.ACC.init(dv), plgpu.ACC.init(zeros)))
+            acc = plgpu.ACC((bk, bq), jnp.float32)
+            pt, dpt = pl.run_scoped(s_t_dp_t, acc, acc)
             plgpu.barrier_wait(delta_ready.at[slot])
             delta = compat.mosaic_gpu_load(delta_ring.at[slot], layout=col_layout)
-            dst = pt * (dpt - lax.broadcast_in_dim(delta, dpt.shape, [1]))
+            # dS^T before the dV wgmma, not under it: under it, the dV and dK accumulators,
+            # P^T, dP^T and dS^T are live at once (H100: 0.86x cuDNN against 0.90x at
+            # head_dim 128).
+            dst = (pt * (dpt - lax.broadcast_in_dim(delta, dpt.shape, [1]))).astype(dtype)
 
-            def dk_update(dk_ref):
-                plgpu.wgmma(dk_ref, dst.astype(dtype), q_blk)
+            def dv_dk(refs):
+                plgpu.wgmma(refs[0], pt.astype(dtype), do_blk)
+                plgpu.wgmma(refs[1], dst, q_blk)
 
-            dk = pl.run_state(dk_update)(plgpu.ACC.init(dk))
+            dv, dk = pl.run_state(dv_dk)((plgpu.ACC.init(dv), plgpu.ACC.init(dk)))
             plgpu.barrier_arrive(freed.at[slot])
             return dk, dv
 
@@ -441,7 +522,7 @@ def attention_backward_kernel_dkv(
 
     @pl.when(wg == COMPUTE_WGS)
     def _producer():
-        plgpu.set_max_registers(40, action="decrease")
+        plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
 
         def block(ref, i):
             return ref.at[batch, pl.ds(i * bq, bq), head]
@@ -483,7 +564,7 @@ def attention_backward_kernel_dq(
 
     @pl.when(wg < COMPUTE_WGS)
     def _consumer():
-        plgpu.set_max_registers(232, action="increase")
+        plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
         q_wg, do_wg = q_smem.at[wg], do_smem.at[wg]
         q_start = cta_q + wg * bq
         rows = (batch, pl.ds(q_start, bq), head)
@@ -502,22 +583,20 @@ def attention_backward_kernel_dq(
             slot = lax.rem(i, jnp.int32(stages))
             k_blk, v_blk = k_ring.at[slot], v_ring.at[slot]
             plgpu.barrier_wait(k_ready.at[slot])
-
-            def qk(acc_ref):
-                plgpu.wgmma(acc_ref, q_wg, k_blk.T)
-                return acc_ref[...]
-
-            s = pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32))
-            p = jnp.exp2(s * c - lax.broadcast_in_dim(lse, s.shape, [0]))
-            if masked:
-                p = jnp.where(_mask((bq, bk), q_start, i * bk, seq, causal), p, 0.0)
             plgpu.barrier_wait(v_ready.at[slot])
 
-            def dov(acc_ref):
-                plgpu.wgmma(acc_ref, do_wg, v_blk.T)
-                return acc_ref[...]
+            def s_dp(s_ref, dp_ref):
+                # dP does not depend on P: issued with S, it runs under the exp2.
+                plgpu.wgmma(s_ref, q_wg, k_blk.T)
+                plgpu.wgmma(dp_ref, do_wg, v_blk.T)
+                s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
+                p = jnp.exp2(s * c - lax.broadcast_in_dim(lse, s.shape, [0]))
+                if masked:
+                    p = jnp.where(_mask((bq, bk), q_start, i * bk, seq, causal), p, 0.0)
+                return p, plgpu.wgmma_accumulator_load(dp_ref, wait_n=0)
 
-            dp = pl.run_scoped(dov, plgpu.ACC((bq, bk), jnp.float32))
+            acc = plgpu.ACC((bq, bk), jnp.float32)
+            p, dp = pl.run_scoped(s_dp, acc, acc)
             ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
 
             def dq_update(dq_ref):
@@ -539,7 +618,7 @@ def attention_backward_kernel_dq(
 
     @pl.when(wg == COMPUTE_WGS)
     def _producer():
-        plgpu.set_max_registers(40, action="decrease")
+        plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
 
         def block(ref, i):
             return ref.at[batch, pl.ds(i * bk, bk), head]
