@@ -68,8 +68,8 @@ COMPUTE_WGS = 2  # consumer warpgroups per CTA; a third one is the TMA producer
 # keeps no groups (every block is as long, and it was 1% faster so).
 L2_GROUP_BYTES = 8 << 20
 # Registers per thread after setmaxnreg: 2 consumers x 232 + the producer's 40 = 504 of the 512
-# a lane has across the CTA's three warpgroups (asking for more blocks a warpgroup forever:
-# 240 with 40 hung the H100).
+# a lane has across the CTA's three warpgroups. Asking for more blocks a warpgroup forever (240
+# with 40 hung the H100); 240 with 24 ran the head_dim 128 forward no faster (0.94x cuDNN both).
 CONSUMER_REGISTERS = 232
 PRODUCER_REGISTERS = 40
 
@@ -82,7 +82,9 @@ class MosaicAttentionConfig:
     block_kv keys per streamed K/V block. dK/dV: block_kv_dkv keys per
     warpgroup, block_q_dkv queries per streamed block. dQ: block_q_dq rows per
     warpgroup, block_kv_dq keys per streamed block. Row counts of a warpgroup
-    are wgmma M tiles: multiples of 64.
+    are wgmma M tiles: multiples of 64. fused_burst: the forward issues P V and
+    the next block's Q K^T together (one wait per key block; one more S tile
+    live in registers).
     """
 
     block_q: int = 64
@@ -118,9 +120,7 @@ class MosaicAttentionConfig:
 
 
 # Forward at head_dim 128: Q 32 KiB + 2 stages of K and V 128 KiB of shared memory; the
-# S tile and O accumulator take 128 of a consumer's 232 registers per thread (2 x 232 + 40
-# for the producer = 504 per lane across the three warpgroups; the 64K-register file allows
-# 512, and asking for more blocks the warpgroup forever: 240 with 40 hung the H100).
+# S tile and O accumulator take 128 of a consumer's CONSUMER_REGISTERS per thread.
 # Measured on an H100 (bf16, batch 4, seq 4096, CUPTI, cold L2, cuDNN in the same run;
 # perf_tests/RESULTS.md, 2026-11-25): head_dim 128 forward 0.84x cuDNN whatever the block_kv
 # and depth (the 2026-11-24 tune: block_kv 64 with 2/3/4 stages 15-33% slower; 128 with 3
@@ -135,7 +135,7 @@ class MosaicAttentionConfig:
 #
 # 2026-11-25 (fourth session; H100, same runs, perf_tests/RESULTS.md): independent wgmmas issued
 # before the elementwise work that does not need them. dQ kernel: dP with S, the exp2 under it;
-# dK/dV kernel: dP^T with S^T, then dV with dK after dS^T. Backward hd128 0.90x -> 0.90x,
+# dK/dV kernel: dP^T with S^T, then dV with dK after dS^T. Backward hd128 unchanged (0.90x),
 # causal 0.94x -> 0.98x, hd64 0.86x -> 0.94x, causal 1.01x -> 1.12x. Forward (fused_burst):
 # P V and the next block's Q K^T issued together, one wait for both, the other warpgroup's
 # softmax under them: hd128 0.94x -> 0.97x, causal 1.00x -> 1.01x; hd64 0.99x -> 0.83x (its
