@@ -119,11 +119,9 @@ _H100_FLOORS = (
              "0.6 of the roof); run 1 0.53-0.55", direction="bwd", case="4096x32768"),
     # Row sum: bandwidth-bound (reads x, writes a value per row).
     *_floors("row_sum", "cuda", "roofline", 0.65,
-             "32768x4096 by CUDA events (which also count the launch, so CUPTI reads no "
-             "slower): f32 2.93 TB/s = 0.87, bf16 2.72 TB/s = 0.81 of 3.35 TB/s (2026-11-24, "
-             "kernels.cuda.bench); 20% under bf16's; `pytest -m perf -k row_sum` passed on "
-             "the H100 (2026-11-25, f32 median 180 us = 0.89 of the roof)",
-             case="32768x4096"),
+             "32768x4096 by CUDA events: f32 0.87, bf16 0.81 of 3.35 TB/s (2026-11-24, "
+             "kernels.cuda.bench); by CUPTI in pytest -m perf f32 0.89 (2026-11-25); 20% "
+             "under bf16's", case="32768x4096"),
     # Attention: compute-bound; the best baseline is jax's cuDNN (torch's cuDNN SDPA within
     # 0.5%). Ranges are over the "bench" cases (head_dim 128 and 64, causal and not), CUPTI,
     # both baselines in the same run (perf_tests/RESULTS.md, 2026-11-25: Triton and
