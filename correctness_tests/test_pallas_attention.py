@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import compat, registry
+from kernels import compat, registry, tuning
 from kernels.ops.attention import pallas_mosaic, spec
 
 
@@ -23,16 +23,22 @@ def test_mosaic_config_checks():
     assert pallas_mosaic.MosaicAttentionConfig().seq_multiple == 128
 
 
-def test_mosaic_default_config_takes_only_the_tuned_fields(monkeypatch):
-    """A tuned entry changes only the forward fields the tune sweeps, whatever else it
-    recorded, and only at the head_dim it was tuned at."""
+def test_mosaic_default_config_takes_only_the_tuned_fields(monkeypatch, tmp_path):
+    """A tuned entry changes only the forward fields the tune sweeps, whatever else the tuned
+    config held, and only at the head_dim it was tuned at; the checked-in entries hold those
+    fields alone."""
     defaults = pallas_mosaic.GPU_DEFAULTS
+    chosen = tuning.chosen_fields(pallas_mosaic.TUNING_CANDIDATES)
+    checked_in = tuning.read_tuned(spec.NAME)[pallas_mosaic.IMPL]
+    assert all(set(entry["config"]) == set(chosen) for entry in checked_in.values())
     tuned = pallas_mosaic.MosaicAttentionConfig(block_kv=64, max_concurrent_steps=3,
                                                 block_kv_dq=16, fused_burst=False)
-    monkeypatch.setattr(pallas_mosaic.tuning, "tuned_config", lambda *a, **k: None)
+    monkeypatch.setattr(tuning, "this_model", lambda: "test-gpu")
+    monkeypatch.setattr(tuning, "tuned_path", lambda op: tmp_path / "tuned.json")
     assert pallas_mosaic.default_config(128) == defaults[128]
     assert pallas_mosaic.default_config(64) == defaults[64]
-    monkeypatch.setattr(pallas_mosaic.tuning, "tuned_config", lambda *a, **k: tuned)
+    tuning.record(spec.NAME, pallas_mosaic.IMPL, "test-gpu", tuned, time_ms=1.0,
+                  case_id=pallas_mosaic.TUNING_CASE, timer="test", fields=chosen)
     assert pallas_mosaic.default_config(128) == dataclasses.replace(
         defaults[128], block_kv=64, max_concurrent_steps=3)
     assert pallas_mosaic.default_config(64) == defaults[64]

@@ -53,14 +53,29 @@ def test_record_and_read_back_per_model(tmp_path):
                   time_ms=1.5, case_id="f32-8x8", timer="fake", path=path)
     tuning.record("fakeop", "fake", "nvidia-a100-sxm4-80gb", FakeConfig(block=64),
                   time_ms=2.0, case_id="f32-8x8", timer="fake", path=path)
-    assert tuning.tuned_config("fakeop", "fake", FakeConfig, model="nvidia-h100-80gb-hbm3",
+    base = FakeConfig(block=8, stages=3)
+    assert tuning.tuned_config("fakeop", "fake", base, model="nvidia-h100-80gb-hbm3",
                                path=path) == FakeConfig(block=32, stages=4)
-    assert tuning.tuned_config("fakeop", "fake", FakeConfig, model="nvidia-a100-sxm4-80gb",
+    assert tuning.tuned_config("fakeop", "fake", base, model="nvidia-a100-sxm4-80gb",
                                path=path) == FakeConfig(block=64)
-    assert tuning.tuned_config("fakeop", "fake", FakeConfig, model="nvidia-h200",
+    assert tuning.tuned_config("fakeop", "fake", base, model="nvidia-h200",
                                path=path) is None
     data = json.loads(path.read_text())
     assert data["fake"]["nvidia-h100-80gb-hbm3"]["time_ms"] == 1.5
+
+
+def test_a_tune_records_only_what_it_chose(tmp_path):
+    """The fields the candidates vary are recorded; the others come from the implementation's
+    default when read back, so a default changed after the tune is not undone by the entry."""
+    candidates = [FakeConfig(block=b, stages=2) for b in (16, 32, 64)]
+    assert tuning.chosen_fields(candidates) == ("block",)
+    path = tmp_path / "tuned.json"
+    tuning.record("fakeop", "fake", "gpu", FakeConfig(block=32, stages=2), time_ms=1.5,
+                  case_id="f32-8x8", timer="fake", fields=tuning.chosen_fields(candidates),
+                  path=path)
+    assert json.loads(path.read_text())["fake"]["gpu"]["config"] == {"block": 32}
+    assert tuning.tuned_config("fakeop", "fake", FakeConfig(block=8, stages=5), model="gpu",
+                               path=path) == FakeConfig(block=32, stages=5)
 
 
 def test_model_key_normalises_device_names():
@@ -111,3 +126,22 @@ def test_triton_attention_picks_its_config_by_gpu_head_dim_and_causal(monkeypatc
     assert pick(64, cuda, False) == h100[(64, False)]
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     assert pick(128, cuda, False) == attention_triton.GENERIC_CONFIG
+
+
+def test_the_tune_command_records_the_fastest_by_what_it_chose(monkeypatch, tmp_path, capsys):
+    """`python -m kernels tune` on a (stand-in) GPU: the fastest candidate's varied fields go
+    to the op's tuned file under the GPU model, and nothing else of its config."""
+    from kernels import devices
+
+    gpu = devices.Machine(platform="gpu", device_kind="NVIDIA Test GPU", device_count=1,
+                          compute_capability=(9, 0))
+    monkeypatch.setattr(devices, "this_machine", lambda: gpu)
+    candidates = [FakeConfig(block=b, stages=7) for b in (16, 32, 64, 128)]
+    monkeypatch.setattr(tuning, "tunables",
+                        lambda op: {"fake": lambda: fake_tunable(candidates)})
+    monkeypatch.setattr(tuning, "device_timer", fake_timer)
+    monkeypatch.setattr(tuning, "tuned_path", lambda op: tmp_path / "tuned.json")
+    assert cli.main(["tune", "fakeop"]) == 0
+    entry = json.loads((tmp_path / "tuned.json").read_text())["fake"]["nvidia-test-gpu"]
+    assert entry["config"] == {"block": 32} and entry["time_ms"] == 1.5
+    assert "best FakeConfig(block=32, stages=7)" in capsys.readouterr().out

@@ -8,8 +8,9 @@ times every candidate with the injected timer, drops those that fail to
 compile or run (shared memory overflow, unsupported layouts), and records the
 fastest in `kernels/ops/<op>/tuned.json` under the normalised GPU model name
 (`nvidia-h100-80gb-hbm3`). Implementations read their defaults through
-`tuned_config()`, falling back to their built-in heuristic for models that
-were never tuned.
+`tuned_config()`, which lays the recorded fields (those the candidates vary)
+over the implementation's own default, falling back to that default for
+models that were never tuned.
 
 `python -m kernels tune OP [--impl NAME]` is the command line (see
 `add_commands`).
@@ -52,23 +53,35 @@ def read_tuned(op: str, path: pathlib.Path | None = None) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def tuned_config(op: str, impl: str, config_class: type, model: str | None = None,
+def tuned_config(op: str, impl: str, base: Any, model: str | None = None,
                  path: pathlib.Path | None = None):
-    """The recorded best `config_class` for `impl` on `model` (default: this GPU), or None."""
+    """`base` (a config dataclass) with the fields recorded for `impl` on `model` (default:
+    this GPU), or None when that model was never tuned. Fields an entry does not name keep
+    `base`'s values: a tune records what it chose (`chosen_fields`), not the defaults of its
+    day."""
     entry = read_tuned(op, path).get(impl, {}).get(model or this_model())
     if entry is None:
         return None
-    fields = {field.name for field in dataclasses.fields(config_class)}
-    return config_class(**{k: v for k, v in entry["config"].items() if k in fields})
+    fields = {field.name for field in dataclasses.fields(base)}
+    return dataclasses.replace(base, **{k: v for k, v in entry["config"].items() if k in fields})
+
+
+def chosen_fields(candidates: Sequence[Any]) -> tuple[str, ...]:
+    """The fields in which `candidates` differ: what a tune over them chooses."""
+    return tuple(field.name for field in dataclasses.fields(candidates[0])
+                 if len({getattr(c, field.name) for c in candidates}) > 1)
 
 
 def record(op: str, impl: str, model: str, config: Any, *, time_ms: float, case_id: str,
-           timer: str, path: pathlib.Path | None = None) -> pathlib.Path:
-    """Write `config` as the best for (impl, model), keeping every other entry of the file."""
+           timer: str, fields: Sequence[str] | None = None,
+           path: pathlib.Path | None = None) -> pathlib.Path:
+    """Write `config`'s `fields` (default: all) as the best for (impl, model), keeping every
+    other entry of the file."""
     path = path or tuned_path(op)
     data = read_tuned(op, path)
+    values = dataclasses.asdict(config)
     data.setdefault(impl, {})[model] = {
-        "config": dataclasses.asdict(config),
+        "config": {name: values[name] for name in fields} if fields is not None else values,
         "time_ms": round(time_ms, 6),
         "case": case_id,
         "timer": timer,
@@ -198,7 +211,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
             print("  every config failed; nothing recorded")
             continue
         path = record(args.op, name, model, best.config, time_ms=best.time_ms,
-                      case_id=tunable.case_id, timer=timer_name)
+                      case_id=tunable.case_id, timer=timer_name,
+                      fields=chosen_fields(tunable.candidates))
         print(f"  best {best.config}: {best.time_ms:.4f} ms -> {path}")
     return 0
 

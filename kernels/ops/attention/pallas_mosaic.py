@@ -147,21 +147,16 @@ GPU_DEFAULTS = {
 }
 GPU_DEFAULT = GPU_DEFAULTS[128]
 TUNING_CASE = "bf16-4x4096x16x128"
-TUNED_FIELDS = ("block_kv", "max_concurrent_steps")  # what `tune` varies (TUNING_CANDIDATES)
 
 
 def default_config(head_dim: int = 128) -> MosaicAttentionConfig:
     """The measured default for `head_dim`, with this GPU model's tuned forward blocks
-    (tuned.json) at the head_dim they were tuned at. Only the fields the tune varies are taken
-    from its entry: the rest of an entry records the defaults of its day."""
+    (tuned.json) at the head_dim they were tuned at."""
     if head_dim not in GPU_DEFAULTS:
         raise ValueError(f"head_dim: expected one of 64, 128 (Mosaic attention), got {head_dim}")
     config = GPU_DEFAULTS[head_dim]
     if head_dim == spec.OPERATION.case(TUNING_CASE)["head_dim"]:
-        tuned = tuning.tuned_config(spec.NAME, IMPL, MosaicAttentionConfig)
-        if tuned is not None:
-            config = dataclasses.replace(config, **{name: getattr(tuned, name)
-                                                    for name in TUNED_FIELDS})
+        config = tuning.tuned_config(spec.NAME, IMPL, config) or config
     return config
 
 
@@ -473,7 +468,7 @@ def attention_backward_kernel_dkv(
             for ready in (q_ready, lse_ready, do_ready):
                 plgpu.barrier_wait(ready.at[slot])
 
-            def p_t(st, masked: bool):
+            def p_t(st):
                 lse = compat.mosaic_gpu_load(lse_ring.at[slot], layout=col_layout)
                 pt = jnp.exp2(st * c - lax.broadcast_in_dim(lse, st.shape, [1]))
                 if masked:
@@ -485,7 +480,7 @@ def attention_backward_kernel_dkv(
                 # dP^T does not depend on P^T: issued with S^T, it runs under the exp2.
                 plgpu.wgmma(st_ref, k_wg, q_blk.T)
                 plgpu.wgmma(dpt_ref, v_wg, do_blk.T)
-                pt = p_t(plgpu.wgmma_accumulator_load(st_ref, wait_n=1), masked)
+                pt = p_t(plgpu.wgmma_accumulator_load(st_ref, wait_n=1))
                 return pt, plgpu.wgmma_accumulator_load(dpt_ref, wait_n=0)
 
             acc = plgpu.ACC((bk, bq), jnp.float32)

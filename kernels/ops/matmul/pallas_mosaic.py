@@ -87,7 +87,7 @@ INTERPRET_DEFAULT = MosaicMatmulConfig(tile_m=64, tile_n=64, tile_k=64, max_conc
 def default_config(interpret: bool) -> MosaicMatmulConfig:
     if interpret:
         return INTERPRET_DEFAULT
-    return tuning.tuned_config(spec.NAME, IMPL, MosaicMatmulConfig) or GPU_DEFAULT
+    return tuning.tuned_config(spec.NAME, IMPL, GPU_DEFAULT) or GPU_DEFAULT
 
 
 def _swizzled(block_minor: int, dtype) -> tuple:

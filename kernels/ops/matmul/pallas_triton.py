@@ -48,7 +48,7 @@ def default_config(m: int, n: int, k: int, dtype, interpret: bool) -> MatmulConf
     elif dtype == jnp.float32:
         base = GPU_DEFAULT_F32  # tuning covers the 16-bit dtypes
     else:
-        base = tuning.tuned_config(spec.NAME, IMPL, MatmulConfig) or GPU_DEFAULT
+        base = tuning.tuned_config(spec.NAME, IMPL, GPU_DEFAULT) or GPU_DEFAULT
     fit = lambda block, size: max(16, min(block, pl.next_power_of_2(size)))  # noqa: E731
     return dataclasses.replace(base, block_m=fit(base.block_m, m), block_n=fit(base.block_n, n),
                                block_k=fit(base.block_k, k))
