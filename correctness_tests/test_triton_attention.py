@@ -1,16 +1,27 @@
 """Triton attention specifics the generic harness does not reach: both ways of streaming
-blocks (TMA descriptors, pointer loads), inputs off 16-byte alignment, the config's checks."""
+blocks (TMA descriptors, pointer loads), inputs off 16-byte alignment, the config's checks,
+and the Gluon forward of Hopper GPUs (compiled for sm_90 here, run against the tl kernel on
+one)."""
 
 import dataclasses
 import functools
+import re
 
 import pytest
 
-from kernels import checking, registry
+from kernels import checking, registry, triton_aot
 from kernels.ops.attention import spec
 
 torch = pytest.importorskip("torch")  # the Triton kernels run on torch tensors
 from kernels.ops.attention import triton as attention_triton  # noqa: E402
+from kernels.ops.attention import triton_gluon  # noqa: E402
+
+H100 = "NVIDIA H100 80GB HBM3"
+# The forwards the H100 configs hand to Gluon: (head_dim, causal) and the config.
+GLUON_FORWARDS = [(key if isinstance(key, tuple) else (key, causal), config)
+                  for key, config in attention_triton.CONFIGS[H100].items() if config.gluon
+                  for causal in ((key[1],) if isinstance(key, tuple) else (False, True))]
+SM90_SHARED_BYTES = 228 * 1024  # per SM; each CTA also holds 1 KiB for the system
 
 CPU_CASES = [c for c in registry.operation(spec.NAME).cases if "cpu" in c.tags]
 
@@ -65,3 +76,64 @@ def test_config_flags_are_checked():
         attention_triton.AttentionConfig(bwd_tma=1)
     with pytest.raises(ValueError, match="num_warps: expected an int >= 1, got True"):
         attention_triton.AttentionConfig(num_warps=True)
+
+
+def test_gluon_flag_is_checked():
+    with pytest.raises(TypeError, match="gluon: expected True or False, got 'on'"):
+        attention_triton.AttentionConfig(gluon="on")
+    with pytest.raises(ValueError, match="gluon: expected block_m=64, num_warps=4 and "
+                                         "num_stages >= 3, got block_m=128, num_warps=8"):
+        attention_triton.AttentionConfig(gluon=True)
+    with pytest.raises(ValueError, match="num_stages >= 3, got .* num_stages=2"):
+        attention_triton.AttentionConfig(block_m=64, num_warps=4, num_stages=2, gluon=True)
+
+
+def test_gluon_runs_only_where_wgmma_does():
+    """bf16/f16 on sm_90: never on the CPU (the interpreter runs the tl kernel) nor for f32."""
+    for dtype in (torch.bfloat16, torch.float32):
+        assert not triton_gluon.runs_on(torch.empty(1, 1, 1, 64, dtype=dtype))
+
+
+@pytest.mark.parametrize(("shape", "config"), GLUON_FORWARDS, ids=lambda v: (
+    f"d{v[0]}{'-causal' if v[1] else ''}" if isinstance(v, tuple) else None))
+def test_gluon_forward_overlaps_the_softmax_and_fits_two_ctas_per_sm(shape, config):
+    """Compiled for sm_90 on any machine: no spills; shared memory for two CTAs per SM; Q K^T
+    reading both operands from shared memory and P V taking P from registers; and in the key
+    loop a wait that lets one wgmma group (the last P V) run on while S is read, which is what
+    overlaps the softmax with P V."""
+    head_dim, causal = shape
+    compiled = triton_aot.report(f"{triton_gluon.__name__}:example_launch", head_dim=head_dim,
+                                 causal=causal, block_n=config.block_n, stages=config.num_stages)
+    assert compiled.stack_bytes == 0, compiled.stack_bytes
+    assert 2 * (compiled.shared_bytes + 1024) <= SM90_SHARED_BYTES, compiled.shared_bytes
+    code = compiled.sass
+    assert re.search(rf"HGMMA\.64x{config.block_n}x16\.F32\.BF16 R\d+, gdesc", code)
+    assert re.search(rf"HGMMA\.64x{head_dim}x16\.F32\.BF16 R\d+, R\d+, gdesc", code)
+    assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in code
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and triton_gluon.runs_on(
+    torch.empty(1, device="cuda", dtype=torch.bfloat16))), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize(("batch", "seq", "heads", "head_dim", "causal", "logit_scale"), [
+    (1, 1, 1, 64, True, 1), (2, 37, 2, 64, True, 1), (1, 65, 1, 128, True, 1),
+    (2, 1000, 4, 128, True, 1), (1, 4097, 2, 128, False, 1), (1, 4097, 2, 64, True, 1),
+    (2, 2048, 4, 128, False, 8), (2, 2048, 4, 128, True, 8)])
+def test_gluon_forward_matches_the_tl_forward(batch, seq, heads, head_dim, causal, logit_scale,
+                                              dtype):
+    """Sequences ending inside a block (and inside the next sequence's rows of the 2-D
+    descriptors), a single query, large logits: the Gluon kernel's output and log-sum-exp
+    against the tl kernel's, which the generic harness checks against the reference."""
+    generator = torch.Generator(device="cuda").manual_seed(seq * head_dim + causal)
+    q, k, v = ((torch.randn(batch, seq, heads, head_dim, device="cuda", generator=generator)
+                * (logit_scale if i < 2 else 1)).to(dtype) for i in range(3))
+    tl_config = attention_triton.AttentionConfig(block_m=64, block_n=64, num_warps=4,
+                                                 num_stages=3, tma=True)
+    gluon_config = dataclasses.replace(tl_config, gluon=True)
+    o, lse = attention_triton._forward(q, k, v, causal, gluon_config)
+    o_tl, lse_tl = attention_triton._forward(q, k, v, causal, tl_config)
+    torch.cuda.synchronize()
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    torch.testing.assert_close(lse, lse_tl, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(o.float(), o_tl.float(), atol=2e-2, rtol=2e-2)

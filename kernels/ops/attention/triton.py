@@ -21,7 +21,9 @@ Streamed blocks (K and V in the forward and dQ kernels, Q and dO in dK/dV) come
 by pointer loads or, where the config asks and the GPU has it, by TMA from
 tensor descriptors over (batch, seq, heads, head_dim), whose zero fill past the
 sequence replaces the load masks; the config also picks tiles small enough for
-two CTAs per SM (AttentionConfig, CONFIGS).
+two CTAs per SM (AttentionConfig, CONFIGS). On sm_90 the config can hand the
+forward to the same algorithm written in Gluon (triton_gluon.py), which overlaps
+each block's softmax with the previous block's P V wgmma.
 
 Inputs are (batch, seq, heads, head_dim), bf16/f16 (f32 with IEEE float32
 dots: the operation's float32 tolerance rules out TF32). P and dS are
@@ -38,7 +40,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import compat, frameworks, registry, validation
-from kernels.ops.attention import spec
+from kernels.ops.attention import spec, triton_gluon
 
 compat.patch_triton_interpreter()
 
@@ -58,6 +60,8 @@ class AttentionConfig:
     tma / bwd_tma: the forward's / the backward kernels' streamed blocks (K and V;
     Q and dO for dK/dV) come by TMA from tensor descriptors instead of pointer
     loads, where the GPU has TMA (sm_90 and later); zero-filled past the sequence.
+    gluon: the forward runs as triton_gluon's kernel where it can (sm_90, bf16/f16): block_m
+    64 and 4 warps (one warpgroup), block_n and num_stages (>= 3) from here, TMA always.
     """
 
     block_m: int = 128
@@ -74,6 +78,7 @@ class AttentionConfig:
     dq_num_stages: int = 0  # 0: as bwd_num_stages
     tma: bool = False
     bwd_tma: bool = False
+    gluon: bool = False
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -92,6 +97,12 @@ class AttentionConfig:
             if getattr(self, big) % getattr(self, small):
                 raise ValueError(f"{big}={getattr(self, big)} must be a multiple of "
                                  f"{small}={getattr(self, small)}")
+        if self.gluon and (self.block_m != triton_gluon.BLOCK_M or self.num_warps
+                           != triton_gluon.WARPS or self.num_stages < triton_gluon.MIN_STAGES):
+            raise ValueError(f"gluon: expected block_m={triton_gluon.BLOCK_M}, num_warps="
+                             f"{triton_gluon.WARPS} and num_stages >= {triton_gluon.MIN_STAGES}, "
+                             f"got block_m={self.block_m}, num_warps={self.num_warps}, "
+                             f"num_stages={self.num_stages}")
 
 
 # Per GPU model (torch.cuda.get_device_name) and head_dim, bf16/f16; float32 tiles are
@@ -102,7 +113,11 @@ class AttentionConfig:
 #   warps (two CTAs per SM) and K, V by TMA 0.78 / 0.81 / 0.85 / 0.89 (by pointer loads 0.72 /
 #   0.74 / 0.84 / 0.88); 128 x 64 by TMA 0.68 / 0.72 / 0.84 / 0.82; 128 x 128, 4 stages, and
 #   Triton's Hopper warp specialization (tl.range(warp_specialize=True): 8 warps no faster,
-#   4 warps do not compile) all slower.
+#   4 warps do not compile) all slower. Fifth session, same runs: Q held in registers for
+#   Q K^T (0.73 / 0.78 / 0.67 / 0.77), lazy rescaling of the accumulator (0.71 / 0.75 / 0.82 /
+#   0.82) and 2 CTAs of 8 warps under a 128-register cap (0.74 / 0.74) slower still; the Gluon
+#   kernel (64 x 64, 3 stages) 0.83 / 0.87 / 0.87 / 0.92 against the tl kernel's 0.78 / 0.81 /
+#   0.90 / 0.89, so it runs every forward here but head_dim 64 non-causal.
 # - backward: 64-query dK/dV steps and 64-key dQ steps with 8 warps, pointer loads 0.67 /
 #   0.74 / 0.80 / 0.75 (the last 32 x 128 with 4 warps, the first session's defaults); 64 x 64
 #   tiles in both kernels with 4 warps and Q, dO, K, V by TMA 0.78 (2 stages) / 0.81 (2) /
@@ -110,12 +125,12 @@ class AttentionConfig:
 CONFIGS = {
     "NVIDIA H100 80GB HBM3": {
         128: AttentionConfig(block_m=64, block_n=64, num_warps=4, num_stages=3, tma=True,
-                             block_m1=64, block_n1=64, block_m2=64, block_n2=64,
+                             gluon=True, block_m1=64, block_n1=64, block_m2=64, block_n2=64,
                              bwd_num_warps=4, bwd_num_stages=2, bwd_tma=True),
         (64, False): AttentionConfig(block_m1=64, block_n1=64, block_m2=64, block_n2=64,
                                      bwd_num_warps=4, bwd_num_stages=3, bwd_tma=True),
         (64, True): AttentionConfig(block_m=64, block_n=64, num_warps=4, num_stages=3, tma=True,
-                                    block_m1=64, block_n1=64, block_m2=64, block_n2=64,
+                                    gluon=True, block_m1=64, block_n1=64, block_m2=64, block_n2=64,
                                     bwd_num_warps=4, bwd_num_stages=3, bwd_tma=True),
     },
 }
@@ -463,6 +478,10 @@ def _forward(q, k, v, causal: bool, config: AttentionConfig):
     batch, seq, heads, head_dim = q.shape
     o = frameworks.torch_empty(q.shape, q.dtype, q.device)
     lse = frameworks.torch_empty((batch, heads, seq), torch.float32, q.device)
+    if config.gluon and triton_gluon.runs_on(q):
+        triton_gluon.forward(q, k, v, o, lse, causal, spec.scale_of(head_dim) * LOG2E,
+                             block_n=config.block_n, stages=config.num_stages)
+        return o, lse
     grid = (triton.cdiv(seq, config.block_m), batch * heads)
     tma = config.tma and _has_tma(q.device)
     attention_forward_kernel[grid](
