@@ -573,6 +573,7 @@ registry.register_implementation(registry.Implementation(
     framework="torch",
     requires=registry.Requirements(modules=("torch", "triton")),
     supports=supports,
-    description="Triton FlashAttention-2: online softmax forward saving the log-sum-exp, "
-                "dK/dV and dQ backward kernels, torch.autograd.Function",
+    description="Triton FlashAttention-2: online softmax forward saving the log-sum-exp "
+                "(on sm_90 in Gluon, softmax overlapped with P V), dK/dV and dQ backward "
+                "kernels, torch.autograd.Function",
 ))
