@@ -101,9 +101,21 @@ def main(argv: list[str]) -> int:
         print("usage: python -m kernels.triton_aot MODULE:FUNCTION '{json keyword arguments}'",
               file=sys.stderr)
         return 2
-    module, function = argv[0].split(":", 1)
-    kernel, args, kwargs = getattr(importlib.import_module(module), function)(
-        **json.loads(argv[1]))
+    module_name, function = argv[0].split(":", 1)
+    try:
+        arguments = json.loads(argv[1])
+        if not isinstance(arguments, dict):
+            raise ValueError(f"got {type(arguments).__name__}")
+    except ValueError as error:
+        print(f"arguments: expected a JSON object of keyword arguments, {error}", file=sys.stderr)
+        return 2
+    try:
+        build = getattr(importlib.import_module(module_name), function)
+    except (ImportError, AttributeError) as error:
+        print(f"MODULE:FUNCTION: expected an importable function, got {argv[0]!r} ({error})",
+              file=sys.stderr)
+        return 2
+    kernel, args, kwargs = build(**arguments)
     print(json.dumps(dataclasses.asdict(describe(compile_for(kernel, *args, **kwargs)))))
     return 0
 
