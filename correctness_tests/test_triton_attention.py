@@ -99,8 +99,8 @@ def test_gluon_runs_only_where_wgmma_does():
 def test_gluon_forward_overlaps_the_softmax_and_fits_two_ctas_per_sm(shape, config):
     """Compiled for sm_90 on any machine: no spills; shared memory for two CTAs per SM; Q K^T
     reading both operands from shared memory and P V taking P from registers; and in the key
-    loop a wait that lets one wgmma group (the last P V) run on while S is read, which is what
-    overlaps the softmax with P V."""
+    loop a wait that lets one wgmma group (the last P V) run on while S is read: the overlap
+    of the softmax with P V, which a wait for both products would undo."""
     head_dim, causal = shape
     compiled = triton_aot.report(f"{triton_gluon.__name__}:example_launch", head_dim=head_dim,
                                  causal=causal, block_n=config.block_n, stages=config.num_stages)

@@ -6,9 +6,11 @@ spelled out: one warpgroup per CTA holds 64 query rows; K and V blocks arrive by
 ring of `stages` shared-memory slots, each completing on its own mbarrier; S = Q K^T reads
 Q and K from shared memory, P V takes P from registers, and both wgmmas are asynchronous.
 Step j issues S_j, rescales the accumulator, issues P_{j-1} V_{j-1}, waits for S_j alone and
-runs the softmax of S_j while P_{j-1} V_{j-1} is on the tensor cores (FlashAttention-3's
-intra-warpgroup overlap); two CTAs per SM fill each other's gaps. The `tl` kernel waits for
-both products before every softmax and synchronises its warps around each TMA copy.
+starts the softmax of S_j while P_{j-1} V_{j-1} is on the tensor cores (FlashAttention-3's
+intra-warpgroup overlap; ptxas moves the wait for P V a few instructions into the softmax,
+and pinning it after the softmax measured the same: the second CTA on the SM fills the gap,
+perf_tests/RESULTS.md). The `tl` kernel waits for both products before every softmax and
+synchronises its warps around each TMA copy.
 
 Keys past the sequence and, under the causal mask, past the diagonal are masked in the last
 blocks only (a second loop). Q, K and V are read through 2-D descriptors over (batch * seq,
