@@ -18,9 +18,10 @@ from kernels.ops.attention import triton_gluon  # noqa: E402
 
 H100 = "NVIDIA H100 80GB HBM3"
 # The forwards the H100 configs hand to Gluon: (head_dim, causal) and the config.
-GLUON_FORWARDS = [(key if isinstance(key, tuple) else (key, causal), config)
-                  for key, config in attention_triton.CONFIGS[H100].items() if config.gluon
-                  for causal in ((key[1],) if isinstance(key, tuple) else (False, True))]
+GLUON_FORWARDS = [((head_dim, causal), config)
+                  for head_dim in spec.HEAD_DIMS for causal in (False, True)
+                  if (config := attention_triton.tuned_for(attention_triton.CONFIGS[H100],
+                                                           head_dim, causal)).gluon]
 SM90_SHARED_BYTES = 228 * 1024  # per SM; each CTA also holds 1 KiB for the system
 
 CPU_CASES = [c for c in registry.operation(spec.NAME).cases if "cpu" in c.tags]
@@ -89,9 +90,13 @@ def test_gluon_flag_is_checked():
 
 
 def test_gluon_runs_only_where_wgmma_does():
-    """bf16/f16 on sm_90: never on the CPU (the interpreter runs the tl kernel) nor for f32."""
+    """bf16/f16 on sm_90: never on the CPU (the interpreter runs the tl kernel) nor for f32,
+    nor on an Ampere or Blackwell GPU (no wgmma there)."""
     for dtype in (torch.bfloat16, torch.float32):
         assert not triton_gluon.runs_on(torch.empty(1, 1, 1, 64, dtype=dtype))
+    assert triton_gluon.takes(torch.bfloat16, (9, 0)) and triton_gluon.takes(torch.float16, (9, 0))
+    assert not triton_gluon.takes(torch.float32, (9, 0))
+    assert not any(triton_gluon.takes(torch.bfloat16, c) for c in ((8, 0), (10, 0), (12, 0)))
 
 
 @pytest.mark.parametrize(("shape", "config"), GLUON_FORWARDS, ids=lambda v: (

@@ -159,6 +159,12 @@ def default_config(dtype: torch.dtype, head_dim: int, device: torch.device,
         return FLOAT32_CONFIG
     tuned = (CONFIGS.get(torch.cuda.get_device_name(device))
              or CONFIGS_BY_CAPABILITY.get(torch.cuda.get_device_capability(device), {}))
+    return tuned_for(tuned, head_dim, causal)
+
+
+def tuned_for(tuned: dict, head_dim: int, causal: bool) -> AttentionConfig:
+    """The config of one GPU model's table (CONFIGS' values) for head_dim and the mask: its
+    (head_dim, causal) entry, else its head_dim entry, else GENERIC_CONFIG."""
     return tuned.get((head_dim, causal), tuned.get(head_dim, GENERIC_CONFIG))
 
 

@@ -41,8 +41,11 @@ MIN_STAGES = 3  # slots for the block being read by S, the one read by P V, and 
 
 def runs_on(x: torch.Tensor) -> bool:
     """Whether this kernel can take x: bf16/f16 on an sm_90 GPU (wgmma is Hopper's alone)."""
-    return (x.device.type == "cuda" and x.dtype in GLUON_DTYPES
-            and torch.cuda.get_device_capability(x.device) == (9, 0))
+    return x.device.type == "cuda" and takes(x.dtype, torch.cuda.get_device_capability(x.device))
+
+
+def takes(dtype: torch.dtype, capability: tuple[int, int]) -> bool:
+    return dtype in GLUON_DTYPES and capability == (9, 0)
 
 
 @gluon.jit
