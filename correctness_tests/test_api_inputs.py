@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels import devices, registry, validation
+from kernels.core import devices, registry, validation
 
 torch = pytest.importorskip("torch")  # third-party: the torch kernels' framework
 

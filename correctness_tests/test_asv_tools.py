@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 # Skip only when the third-party package is missing; an import error in our own
-# kernels.asv_tools must fail the module, never turn it into a skip.
+# kernels.bench.asv_tools must fail the module, never turn it into a skip.
 if importlib.util.find_spec("asv") is None or importlib.util.find_spec("asv_runner") is None:
     pytest.skip("needs asv (pip install asv)", allow_module_level=True)
 
 from asv_runner import statistics  # noqa: E402
 
-from kernels import asv_tools  # noqa: E402
+from kernels.bench import asv_tools  # noqa: E402
 
 
 def _timed(center: float, spread: float, n: int = 20, seed: int = 0) -> asv_tools.Result:
@@ -83,7 +83,7 @@ def test_render_shows_units_and_verdicts():
 def test_machine_file_carries_device_keys_that_asv_loads(tmp_path, monkeypatch):
     from asv.machine import Machine
 
-    from kernels import fingerprint
+    from kernels.core import fingerprint
 
     gpu = fingerprint.Identity("gpu", "Test GPU 80GB", "test-gpu-80gb", "999.1", "99.9", 1234)
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -99,7 +99,7 @@ def test_machine_file_carries_device_keys_that_asv_loads(tmp_path, monkeypatch):
 
 
 def test_machine_keys_on_cpu_name_no_gpu():
-    from kernels import fingerprint
+    from kernels.core import fingerprint
 
     cpu = dataclasses.replace(fingerprint.fingerprint(), platform="cpu", driver=None, cuda=None,
                               default_sm_mhz=None)
@@ -189,7 +189,7 @@ def test_a_benchmark_prepares_its_timing_once_however_often_asv_reruns_setup(mon
     redone each time (at real sizes that is seconds per sample, and asv's 20 s cap then
     leaves ten samples)."""
     import perf_tests.benchmarks as benchmarks
-    from kernels import timing
+    from kernels.core import timing
 
     prepared = []
     real_prepare = timing.prepare

@@ -12,7 +12,7 @@ import pytest
 if importlib.util.find_spec("asv") is None:  # third-party only: see test_test_hygiene
     pytest.skip("needs asv (pip install asv)", allow_module_level=True)
 
-from kernels import asv_tools  # noqa: E402
+from kernels.bench import asv_tools  # noqa: E402
 
 TRACK = "benchmarks.Softmax.track_tflops"  # higher is better, no samples
 TIME = "benchmarks.Softmax.time_device"

@@ -4,7 +4,7 @@ a GPU (perf_tests/benchmarks.py's `bench_cases` and `_suite`)."""
 from __future__ import annotations
 
 import perf_tests.benchmarks as benchmarks
-from kernels import devices, environment, registry
+from kernels.core import devices, environment, registry
 
 CPU = devices.Machine(platform="cpu", device_kind="cpu", device_count=1, compute_capability=None)
 GPU = devices.Machine(platform="gpu", device_kind="NVIDIA H100 80GB HBM3", device_count=1,

@@ -1,5 +1,5 @@
-"""kernels.bottleneck on any machine: ncu's raw CSV read into kernels, the verdict rules, and
-the profile plumbing against a stand-in ncu (the real one runs in `python -m kernels
+"""kernels.profile.bottleneck on any machine: ncu's raw CSV read into kernels, the verdict
+rules, and the profile plumbing against a stand-in ncu (the real one runs in `python -m kernels
 bottleneck` on a GPU)."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from kernels import bottleneck, crosscheck, validation
+from kernels.core import validation
+from kernels.profile import bottleneck, crosscheck
 
 STALL = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
 METRICS = {
@@ -167,7 +168,7 @@ else:
     assert first[first.index("--profile-from-start") + 1] == "off"
     assert [first[i + 1] for i, a in enumerate(first) if a == "--section"] == \
         list(bottleneck.SECTIONS)
-    assert first[-9:] == ["kernels.crosscheck", "run", "attention", "triton",
+    assert first[-9:] == ["kernels.profile.crosscheck", "run", "attention", "triton",
                           "bf16-4x4096x16x128", "--calls", "1", "--direction", "bwd"]
     assert "Speed Of Light" in (out / f"{report.stem}.details.txt").read_text()
     # A failed profile names its log.
@@ -193,8 +194,8 @@ def test_missing_ncu_is_one_clear_line(monkeypatch, tmp_path):
 
 
 def test_the_child_takes_the_direction(monkeypatch):
-    """`kernels.crosscheck run ... --direction bwd` is what ncu launches."""
-    from kernels import crosscheck
+    """`kernels.profile.crosscheck run ... --direction bwd` is what ncu launches."""
+    from kernels.profile import crosscheck
 
     seen = []
     monkeypatch.setattr(crosscheck, "_run_calls", lambda *args: seen.append(args))
@@ -207,7 +208,8 @@ def test_the_command_profiles_each_implementation_and_direction(monkeypatch, tmp
     """`python -m kernels bottleneck` with the GPU, ncu and the profile stood in: a row per
     kernel, a skip row for a direction an implementation lacks (whatever the order asked), a
     FAILED row and exit 1 for a profile that failed."""
-    from kernels import cli, devices, registry
+    from kernels import cli
+    from kernels.core import devices, registry
 
     class GPU:
         has_gpu = True

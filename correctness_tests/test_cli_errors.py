@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from kernels import cli, validation
+from kernels import cli
+from kernels.core import validation
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -141,7 +142,7 @@ def test_the_checked_data_file_layout_is_what_plot_roofline_draws(capsys, tmp_pa
 
 
 def test_roofline_that_measured_nothing_writes_no_data_file(capsys, tmp_path):
-    from kernels import devices
+    from kernels.core import devices
 
     if devices.this_machine().has_gpu:
         pytest.skip("the CUDA softmax runs on a GPU")
@@ -151,7 +152,7 @@ def test_roofline_that_measured_nothing_writes_no_data_file(capsys, tmp_path):
 
 
 def test_a_real_bug_keeps_its_traceback(monkeypatch):
-    from kernels import measure_cli
+    from kernels.cli import measure as measure_cli
 
     def broken(args):
         raise ZeroDivisionError("a bug, not a user mistake")
@@ -162,7 +163,7 @@ def test_a_real_bug_keeps_its_traceback(monkeypatch):
 
 
 def test_unknown_names_are_user_errors_and_still_key_errors():
-    from kernels import registry
+    from kernels.core import registry
 
     with pytest.raises(validation.UnknownName) as caught:
         registry.operation("nope")

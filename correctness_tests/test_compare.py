@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels.checking import CheckFailure, compare
+from kernels.core.checking import CheckFailure, compare
 
 
 def test_float64_is_compared_in_float64_whichever_side_is():

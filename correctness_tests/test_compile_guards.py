@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import devices, hlo, recompilation, registry
+from kernels.core import devices, hlo_rules, registry
+from kernels.guards import hlo, recompilation
 
 SMALL_CASE = "f32-37x128"
 
@@ -129,7 +130,7 @@ def test_planted_optimization_barrier_breaks_gpu_fusion():
 def test_rules_reject_a_bad_range():
     with pytest.raises(ValueError, match=r"fusions: expected a count or \(min, max\) .* "
                                          r"got \(3, 1\)"):
-        hlo.HloRules(fusions=(3, 1))
+        hlo_rules.HloRules(fusions=(3, 1))
 
 
 def _static_scale(x, scale):

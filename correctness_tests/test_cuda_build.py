@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels import registry
+from kernels.core import registry
 from kernels.cuda import build
 
 pytestmark = pytest.mark.cuda

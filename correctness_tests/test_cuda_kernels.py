@@ -8,7 +8,7 @@ import functools
 import numpy as np
 import pytest
 
-from kernels import checking, dtypes, frameworks, registry
+from kernels.core import checking, dtypes, frameworks, registry
 from kernels.cuda import build, runtime
 
 torch = pytest.importorskip("torch")

@@ -1,5 +1,5 @@
 """The asv dashboard draws a benchmark's graph: a tiny real asv run on this machine's CPU,
-published by kernels.dashboard, opened in headless chromium (no network needed)."""
+published by kernels.bench.dashboard, opened in headless chromium (no network needed)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels import dashboard
+from kernels.bench import dashboard
 
 BENCHMARK = "benchmarks.Softmax.time_device"
 

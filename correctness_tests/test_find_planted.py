@@ -10,7 +10,7 @@ if importlib.util.find_spec("asv") is None or importlib.util.find_spec("asv_runn
 
 from asv_runner import statistics  # noqa: E402
 
-from kernels import asv_tools, find_planted  # noqa: E402
+from kernels.bench import asv_tools, find_planted  # noqa: E402
 
 KEY = ("benchmarks.Softmax.time_device", ("'xla'", "'f32-32768x4096'", "'fwd'"))
 

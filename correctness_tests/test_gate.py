@@ -7,7 +7,8 @@ import contextlib
 import numpy as np
 import pytest
 
-from kernels import gate, registry
+from kernels.bench import gate
+from kernels.core import registry
 
 
 @contextlib.contextmanager
@@ -99,7 +100,7 @@ def test_report_fails_on_a_missed_plant_a_false_positive_or_a_speedup_read_as_sl
 def test_asv_marks_a_row_worse_by_its_own_test():
     from asv_runner.statistics import compute_stats
 
-    from kernels import asv_tools
+    from kernels.bench import asv_tools
 
     def result(samples):
         value, stats = compute_stats(samples, 1)

@@ -1,9 +1,9 @@
-"""kernels.gpu_sweep's verdicts, on any machine: a sanitizer run that dies fails the sweep and
-says where it stopped."""
+"""kernels.profile.gpu_sweep's verdicts, on any machine: a sanitizer run that dies fails the
+sweep and says where it stopped."""
 
 import pytest
 
-from kernels import gpu_sweep
+from kernels.profile import gpu_sweep
 
 
 def test_a_run_killed_by_a_signal_fails_the_sweep(tmp_path, monkeypatch, capsys):

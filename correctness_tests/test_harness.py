@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import checking, devices, dtypes, frameworks, phases, registry
+from kernels.core import checking, devices, dtypes, frameworks, phases, registry
 
 SOFTMAX_CASE = registry.make_case("softmax", "f32", {"rows": 6, "cols": 300}, tags=["cpu"])
 

@@ -1,4 +1,4 @@
-"""The nightly workflow rehearsed on this machine's CPU: its own `kernels.history` steps, read
+"""The nightly workflow rehearsed on this machine's CPU: its own `kernels.bench.history` steps, read
 from .github/workflows/nightly.yml, run twice against a bare repository standing in for GitHub."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kernels import history
+from kernels.bench import history
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = ROOT / ".github/workflows/nightly.yml"
@@ -29,9 +29,9 @@ GIT = ["git", "-c", "user.name=rehearsal", "-c", "user.email=rehearsal@localhost
 
 
 def workflow_steps() -> dict[str, list[str]]:
-    """Per job of the nightly workflow, the `run:` lines of its kernels.history steps."""
+    """Per job of the nightly workflow, the `run:` lines of its kernels.bench.history steps."""
     jobs = yaml.safe_load(WORKFLOW.read_text())["jobs"]
-    return {name: [step["run"] for step in job["steps"] if "kernels.history" in
+    return {name: [step["run"] for step in job["steps"] if "kernels.bench.history" in
                    step.get("run", "")] for name, job in jobs.items()}
 
 
@@ -91,7 +91,7 @@ class Rehearsal:
         return git(self.seed, "rev-parse", "HEAD")
 
     def job(self, name: str, before: dict[str, object] | None = None) -> str:
-        """Run one job's kernels.history steps in a fresh clone (a runner's checkout); their
+        """Run one job's kernels.bench.history steps in a fresh clone (a runner's checkout); their
         output. `before` maps a step ("push") to a callable run just before it."""
         self.runs += 1
         checkout = self.tmp / f"{name}-{self.runs}"
@@ -99,7 +99,7 @@ class Rehearsal:
         output = []
         for line in workflow_steps()[name]:
             for step, hook in (before or {}).items():
-                if f"kernels.history {step}" in line:
+                if f"kernels.bench.history {step}" in line:
                     hook()
             start = time.monotonic()
             result = subprocess.run(["bash", "-c", line], cwd=checkout, env=self.env,

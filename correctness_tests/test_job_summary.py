@@ -1,8 +1,8 @@
 """The pull request's job summary: the compare's verdict table as Markdown, changes first."""
 
-# Imported, not importorskip'd: a broken kernels.asv_tools must fail here (it needs no asv to
+# Imported, not importorskip'd: a broken kernels.bench.asv_tools must fail here (it needs no asv to
 # import; test_test_hygiene checks the rule).
-from kernels import asv_tools
+from kernels.bench import asv_tools
 
 TIME = "benchmarks.Softmax.time_device"
 ROWS = [

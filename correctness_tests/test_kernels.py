@@ -3,13 +3,14 @@
 import numpy as np
 import pytest
 
-from kernels import checking, frameworks, phases, phases_plugin
+from kernels.core import checking, frameworks, phases
+from kernels.testing import phases_plugin
 
 SEEDS = (0, 1)
 
 
 def test_matches_reference(kernel_item, record_property):
-    """Fresh inputs per seed: output, gradients, untouched inputs (kernels.checking).
+    """Fresh inputs per seed: output, gradients, untouched inputs (kernels.core.checking).
 
     Real-size cases take one seed: the small cases already vary the seed, and a
     10^8-element case costs seconds per comparison. Inputs and references come from

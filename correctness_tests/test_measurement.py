@@ -14,7 +14,9 @@ import time
 
 import pytest
 
-from kernels import crosscheck, devices, fingerprint, perfcheck, registry, timing
+from kernels.bench import perfcheck
+from kernels.core import devices, fingerprint, registry, timing
+from kernels.profile import crosscheck
 from kernels.roofline import ceilings, model, report
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -438,7 +440,7 @@ def test_speedup_is_over_the_fastest_baseline_of_the_same_clock():
 
 
 def test_time_table_speedups_per_case_and_direction_by_one_clock():
-    from kernels import measure_cli
+    from kernels.cli import measure as measure_cli
 
     def impl(name, baseline=False):
         return registry.Implementation(op="softmax", name=name, fn=lambda x: x,
@@ -476,7 +478,8 @@ def test_launch_overhead_is_host_time_per_issued_call():
 def test_cases_are_built_from_dims_and_attention_flags():
     import argparse
 
-    from kernels import measure_cli, validation
+    from kernels.cli import measure as measure_cli
+    from kernels.core import validation
 
     op = registry.operation("softmax")
     cases = measure_cli.cases_from_dims(op, {"rows": [8], "cols": [16, 32]}, ["f32", "bf16"])

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels import devices, memory, registry
+from kernels.core import devices, registry
+from kernels.guards import memory
 
 
 def _smallest_cpu_cases() -> list:

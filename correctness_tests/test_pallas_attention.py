@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import compat, registry, tuning
+from kernels.core import compat, registry, tuning
 from kernels.ops.attention import pallas_mosaic, spec
 
 

@@ -40,7 +40,7 @@ def test_mosaic_rejects_f32_with_the_reason():
 def test_mosaic_interpreted():
     """The Mosaic GPU kernel through JAX's GPU interpreter (CPU) or compiled (GPU): forward
     and gradients of one awkward case, by the one harness."""
-    from kernels import checking, registry
+    from kernels.core import checking, registry
 
     op = registry.operation(spec.NAME)
     case = next(c for c in op.cases if c.id == pallas_mosaic.INTERPRETED_CASE)

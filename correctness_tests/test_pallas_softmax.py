@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from kernels import compat
+from kernels.core import compat
 from kernels.ops.softmax import pallas, spec
 
 

@@ -9,7 +9,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from kernels import cli, devices, hlo, profiling, registry
+from kernels import cli
+from kernels.core import devices, registry
+from kernels.guards import hlo
+from kernels.profile import profiling
 
 
 def _softmax_call():

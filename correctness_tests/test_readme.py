@@ -27,7 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from kernels import cli, devices
+from kernels import cli
+from kernels.core import devices, tables
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU_LABEL = re.compile(r"^GPUs?\b")
@@ -37,7 +38,7 @@ _NIGHTLY = ("the nightly workflow's step, against a remote's asv-results and gh-
             "(push would write to the repository cloned from): test_history.py rehearses it")
 NOT_RUN = {
     "make test": "the README check runs inside it",
-    **{f"python -m kernels.history {step}": _NIGHTLY
+    **{f"python -m kernels.bench.history {step}": _NIGHTLY
        for step in ("fetch", "run", "push", "fetch publish", "deploy")},
     "python -m asv preview": "serves on 8080 until stopped; `make dashboard` is checked",
     "KERNELPERF_BENCH_IMPLS=pallas KERNELPERF_BENCH_CASES=f32-32768x4096 "
@@ -259,6 +260,6 @@ def test_every_cpu_command_in_the_readme_runs(tmp_path):
     untracked = [line for line in untracked if line.strip() and not line.endswith(".venv")]
     if untracked:
         failures.append(f"files left in the clone outside ignored folders: {untracked}")
-    print(cli.table([list(row) for row in report], ["command", "time", "outcome"]))
+    print(tables.table([list(row) for row in report], ["command", "time", "outcome"]))
     shutil.rmtree(clone / ".asv", ignore_errors=True)
     assert not failures, "README commands that no longer work as shown:\n" + "\n".join(failures)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from kernels import registry, validation
+from kernels.core import registry, validation
 
 
 def test_every_operation_is_complete():

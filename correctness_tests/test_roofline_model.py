@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernels import registry
+from kernels.core import registry
 from kernels.roofline import ceilings, model
 
 BANDWIDTH = 2.0**40  # bytes/s

@@ -8,7 +8,8 @@ import types
 
 import pytest
 
-from kernels import devices, phases, registry, scheduling
+from kernels.core import devices, environment, fingerprint, phases, registry
+from kernels.testing import scheduling
 
 # The repository's conftest by path: `import conftest` gets whichever conftest pytest loaded
 # last under that name (perf_tests/tests has one too).
@@ -139,8 +140,8 @@ def _config(numprocesses, dist="no", collectonly=False, markexpr=""):
 @pytest.fixture
 def on_h100(monkeypatch):
     monkeypatch.setattr(devices, "this_machine", lambda: H100)
-    monkeypatch.setattr(scheduling, "gpu_memory_bytes", lambda: 80 * GIB)
-    monkeypatch.setattr(scheduling, "cpu_count", lambda: 16)
+    monkeypatch.setattr(fingerprint, "gpu_memory_bytes", lambda: 80 * GIB)
+    monkeypatch.setattr(environment, "cpu_count", lambda: 16)
     monkeypatch.delenv(scheduling.WORKERS_VARIABLE, raising=False)
     return scheduling.plan(80 * GIB, scheduling.runnable_estimates(H100), 16).workers
 

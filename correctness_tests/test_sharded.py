@@ -16,13 +16,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import checking, registry, sharding
+from kernels.core import checking, registry
 from kernels.ops.moe import expert_parallel
 from kernels.ops.moe import spec as moe_spec
 from kernels.ops.sharded_matmul import collective, xla
 from kernels.ops.sharded_matmul import spec as matmul_spec
 from kernels.ops.sharded_vmap import spec as vmap_spec
 from kernels.ops.sharded_vmap import vmap
+from kernels.sharding import meshes
 
 # All of these are about several devices: `pytest -m multi_gpu` selects them on a GPU host.
 pytestmark = pytest.mark.multi_gpu
@@ -37,7 +38,7 @@ COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "
 
 
 def needs_mesh(mesh: str):
-    reason = sharding.unavailable_reason(mesh)
+    reason = meshes.unavailable_reason(mesh)
     return pytest.mark.skipif(reason is not None, reason=reason or "")
 
 
@@ -68,12 +69,12 @@ def placed(op_name: str, impl_name: str, mesh: str, dims: dict[str, int], **para
 # -- MeshRules and meshes ----------------------------------------------------------------------
 
 def test_mesh_rules_map_logical_axes():
-    rules = sharding.MeshRules(embed=None, mlp="model", batch=("data", "model"))
+    rules = meshes.MeshRules(embed=None, mlp="model", batch=("data", "model"))
     assert rules.spec("batch", None, "mlp") == jax.sharding.PartitionSpec(
         ("data", "model"), None, "model")
     assert dict(rules.as_pairs())["expert"] == "data"
     with pytest.raises(ValueError, match=r"MeshRules.mlp: expected mesh axes .* got 'tensor'"):
-        sharding.MeshRules(mlp="tensor")
+        meshes.MeshRules(mlp="tensor")
     with pytest.raises(ValueError, match=r"logical axis: expected one of .* got 'vocab'"):
         rules.spec("vocab")
 
@@ -81,28 +82,28 @@ def test_mesh_rules_map_logical_axes():
 @pytest.mark.parametrize("shape", ["4by2", "0x8", "2x2x2"])
 def test_mesh_shape_errors(shape):
     with pytest.raises(ValueError, match="mesh: expected 'DATAxMODEL'"):
-        sharding.parse_mesh_shape(shape)
+        meshes.parse_mesh_shape(shape)
 
 
 @pytest.mark.parametrize("mesh", MESHES)
 def test_make_mesh_shapes(mesh):
-    if sharding.unavailable_reason(mesh):
-        pytest.skip(sharding.unavailable_reason(mesh))
-    made = sharding.make_mesh(mesh)
-    assert tuple(made.shape.values()) == sharding.parse_mesh_shape(mesh)
-    assert made.axis_names == sharding.MESH_AXES
-    assert len(set(made.devices.flat)) == sharding.mesh_size(mesh)
+    if meshes.unavailable_reason(mesh):
+        pytest.skip(meshes.unavailable_reason(mesh))
+    made = meshes.make_mesh(mesh)
+    assert tuple(made.shape.values()) == meshes.parse_mesh_shape(mesh)
+    assert made.axis_names == meshes.MESH_AXES
+    assert len(set(made.devices.flat)) == meshes.mesh_size(mesh)
 
 
 def test_too_large_mesh_is_refused_with_reason():
     too_many = f"{jax.device_count() + 1}x1"
     with pytest.raises(ValueError, match=rf"needs {jax.device_count() + 1} devices"):
-        sharding.make_mesh(too_many)
+        meshes.make_mesh(too_many)
 
 
 @needs_mesh("2x1")
 def test_interconnect_bandwidth_counts_received_bytes():
-    result = sharding.interconnect_bandwidth(message_bytes=2**20, repeats=3)
+    result = meshes.interconnect_bandwidth(message_bytes=2**20, repeats=3)
     assert result.devices == jax.device_count()
     assert result.message_bytes == 2**20
     expected = result.message_bytes * (result.devices - 1) / result.devices / result.seconds
@@ -125,7 +126,7 @@ def test_roofline_interconnect_roof_binds_when_communication_dominates():
 
 @needs_mesh("2x1")
 def test_sharded_inputs_are_timed_by_wall_clock():
-    from kernels import timing
+    from kernels.core import timing
 
     case = registry.make_case(matmul_spec.NAME, "f32", {"m": 64, "n": 32, "k": 48},
                               params={"mesh": "2x1"})
@@ -137,7 +138,7 @@ def test_sharded_inputs_are_timed_by_wall_clock():
 
 @needs_mesh("8x1")
 def test_sharded_bench_reports_every_runnable_case(monkeypatch, capsys):
-    from kernels import sharded_bench
+    from kernels.bench import scaling as sharded_bench
 
     monkeypatch.setenv("KERNELPERF_TIME_BUDGET", "0.05")
     assert sharded_bench.main(["--ops", "sharded_vmap", "--tags", "cpu"]) == 0
@@ -154,22 +155,22 @@ def test_sharded_bench_reports_every_runnable_case(monkeypatch, capsys):
 def test_case_devices_come_from_the_mesh():
     impl = registry.implementation(matmul_spec.NAME, "collective")
     for case in registry.operation(matmul_spec.NAME).cases:
-        assert impl.devices_for(case) == sharding.mesh_size(case.kwargs["mesh"])
+        assert impl.devices_for(case) == meshes.mesh_size(case.kwargs["mesh"])
 
 
 # -- sharded matmul ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mesh", MODEL_MESHES)
 def test_collective_matmul_rings_instead_of_gathering(mesh):
-    if sharding.unavailable_reason(mesh):
-        pytest.skip(sharding.unavailable_reason(mesh))
+    if meshes.unavailable_reason(mesh):
+        pytest.skip(meshes.unavailable_reason(mesh))
     _, _, (a, b) = placed(matmul_spec.NAME, "collective", mesh, {"m": 64, "n": 32, "k": 48})
     fn = collective.collective(mesh)
     found = collectives_in(fn.lower(a, b).compile().as_text())
     assert found == {"collective-permute"}, found
     out = fn(a, b)
     assert out.sharding.is_equivalent_to(
-        jax.sharding.NamedSharding(sharding.make_mesh(mesh), matmul_spec.C_SPEC), out.ndim)
+        jax.sharding.NamedSharding(meshes.make_mesh(mesh), matmul_spec.C_SPEC), out.ndim)
     baseline = xla.partitioned(mesh)(a, b)
     assert baseline.sharding.is_equivalent_to(out.sharding, out.ndim)
 
@@ -183,8 +184,8 @@ def test_bidirectional_ring_matches_reference(mesh):
     impl = registry.Implementation(
         op=base.op, name="collective_variant", prepare=base.prepare,
         fn=lambda a, b, mesh: collective.matmul(a, b, mesh, config))
-    if sharding.unavailable_reason(mesh):
-        pytest.skip(sharding.unavailable_reason(mesh))
+    if meshes.unavailable_reason(mesh):
+        pytest.skip(meshes.unavailable_reason(mesh))
     case = registry.make_case(matmul_spec.NAME, "f32", {"m": 64, "n": 32, "k": 48},
                               params={"mesh": mesh})
     assert len(checking.check(impl, case)) == 3  # output, da, db
@@ -211,14 +212,14 @@ def test_moe_cases_drop_some_tokens(case):
 
 @pytest.mark.parametrize("mesh", MESHES)
 def test_moe_dispatches_by_all_to_all(mesh):
-    if sharding.unavailable_reason(mesh):
-        pytest.skip(sharding.unavailable_reason(mesh))
+    if meshes.unavailable_reason(mesh):
+        pytest.skip(meshes.unavailable_reason(mesh))
     dims = {"groups": 8, "group_size": 16, "embed": 8, "mlp": 16, "experts": 8}
     _, _, args = placed(moe_spec.NAME, "expert_parallel", mesh, dims, top_k=2,
                               capacity_factor=1.0)
     slots = moe_spec.capacity(16, 8, 2, 1.0)
     text = expert_parallel.sharded_moe(mesh, 2, slots).lower(*args).compile().as_text()
-    data, model = sharding.parse_mesh_shape(mesh)
+    data, model = meshes.parse_mesh_shape(mesh)
     found = collectives_in(text)
     assert ("all-to-all" in found) == (data > 1), found  # dispatch and return over experts
     assert ("all-reduce" in found) == (model > 1), found  # the tensor-parallel MLP's sum
@@ -229,13 +230,13 @@ def test_moe_dispatches_by_all_to_all(mesh):
 
 @pytest.mark.parametrize("mesh", MESHES)
 def test_vmap_keeps_the_batch_sharded(mesh):
-    if sharding.unavailable_reason(mesh):
-        pytest.skip(sharding.unavailable_reason(mesh))
+    if meshes.unavailable_reason(mesh):
+        pytest.skip(meshes.unavailable_reason(mesh))
     _, _, (x, w) = placed(vmap_spec.NAME, "vmap", mesh,
                           {"batch": 16, "rows": 8, "d_in": 16, "d_out": 32})
     fn = vmap.batched(mesh)
     out = fn(x, w)
-    expected = jax.sharding.NamedSharding(sharding.make_mesh(mesh), vmap_spec.OUT_SPEC)
+    expected = jax.sharding.NamedSharding(meshes.make_mesh(mesh), vmap_spec.OUT_SPEC)
     assert out.sharding.is_equivalent_to(expected, out.ndim), out.sharding
     # Forward: every device computes its block alone.
     assert collectives_in(fn.lower(x, w).compile().as_text()) == set()
@@ -250,12 +251,12 @@ def test_vmap_keeps_the_batch_sharded(mesh):
 @pytest.mark.parametrize("mesh", MESHES)
 def test_nnx_train_step_sharded_matches_unsharded(mesh):
     pytest.importorskip("flax", reason="needs flax (the NNX model)")
-    if sharding.unavailable_reason(mesh):
-        pytest.skip(sharding.unavailable_reason(mesh))
+    if meshes.unavailable_reason(mesh):
+        pytest.skip(meshes.unavailable_reason(mesh))
     from kernels.ops.transformer_block import nnx_block
 
     dims = nnx_block.BlockDims(embed=16, heads=4, head_dim=4, mlp=32)
-    layout = sharding.make_mesh(mesh)
+    layout = meshes.make_mesh(mesh)
     sharded = nnx_block.make_block(dims, seed=3, mesh=layout)
     plain = nnx_block.make_block(dims, seed=3)
     rng = np.random.default_rng(0)
@@ -295,7 +296,7 @@ def _free_port() -> int:
 
 @pytest.mark.skipif(jax.default_backend() != "cpu",
                     reason="spawns CPU processes with forced host devices; GPU hosts run "
-                           "`python -m kernels.distributed` per host (README)")
+                           "`python -m kernels.testing.distributed` per host (README)")
 def test_two_processes_through_jax_distributed():
     """Two processes with 4 host devices each form one 8-device mesh (2x4 and 1x8)."""
     port = _free_port()
@@ -303,7 +304,7 @@ def test_two_processes_through_jax_distributed():
                XLA_FLAGS="--xla_force_host_platform_device_count=4")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    procs = [subprocess.Popen([sys.executable, "-m", "kernels.distributed",
+    procs = [subprocess.Popen([sys.executable, "-m", "kernels.testing.distributed",
                                "--coordinator", f"localhost:{port}", "--num-processes", "2",
                                "--process-id", str(i)], env=env, cwd=root,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

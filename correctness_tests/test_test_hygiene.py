@@ -32,6 +32,6 @@ def test_importorskip_names_only_third_party_modules():
 
 def test_the_scan_sees_importorskip_calls(tmp_path):
     sample = tmp_path / "test_sample.py"
-    sample.write_text('import pytest\nx = pytest.importorskip("kernels.asv_tools")\n'
+    sample.write_text('import pytest\nx = pytest.importorskip("kernels.bench.asv_tools")\n'
                       'y = pytest.importorskip("torch")\n')
-    assert _skipped_imports(sample) == [(2, "kernels.asv_tools"), (3, "torch")]
+    assert _skipped_imports(sample) == [(2, "kernels.bench.asv_tools"), (3, "torch")]

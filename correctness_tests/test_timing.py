@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from kernels import fingerprint, timing
+from kernels.core import fingerprint, timing
 
 SLEEP_S = 0.004
 # A call spins on the host clock until its duration has passed, so it never returns early

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels import checking, dtypes, registry
+from kernels.core import checking, dtypes, registry
 
 # (dtype, reduction length) -> relative tolerance.
 PINNED = {

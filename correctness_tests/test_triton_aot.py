@@ -1,20 +1,21 @@
-"""kernels.triton_aot's command line refuses what it cannot compile in one line (the Hopper
+"""kernels.profile.triton_aot's command line refuses what it cannot compile in one line (the Hopper
 kernels it compiles are checked in test_triton_attention.py)."""
 
 import pytest
 
-from kernels import triton_aot
+from kernels.profile import triton_aot
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["kernels.ops.attention.triton_gluon:example_launch"], "usage: python -m kernels.triton_aot"),
+    (["kernels.ops.attention.triton_gluon:example_launch"],
+     "usage: python -m kernels.profile.triton_aot"),
     (["kernels.no_such_module:f", "{}"], "MODULE:FUNCTION: expected an importable function, "
                                          "got 'kernels.no_such_module:f'"),
-    (["kernels.triton_aot:no_such_function", "{}"], "MODULE:FUNCTION: expected an importable "
-                                                    "function"),
-    (["kernels.triton_aot:main", "[1]"], "arguments: expected a JSON object of keyword "
+    (["kernels.profile.triton_aot:no_such_function", "{}"],
+     "MODULE:FUNCTION: expected an importable function"),
+    (["kernels.profile.triton_aot:main", "[1]"], "arguments: expected a JSON object of keyword "
                                          "arguments, got list"),
-    (["kernels.triton_aot:main", "{head_dim: 1}"], "arguments: expected a JSON object"),
+    (["kernels.profile.triton_aot:main", "{head_dim: 1}"], "arguments: expected a JSON object"),
 ], ids=["no-arguments", "no-module", "no-function", "not-an-object", "not-json"])
 def test_bad_command_lines_get_one_line_and_exit_2(argv, message, capsys):
     assert triton_aot.main(argv) == 2
@@ -23,5 +24,5 @@ def test_bad_command_lines_get_one_line_and_exit_2(argv, message, capsys):
 
 
 def test_a_failed_compile_reports_the_child_error():
-    with pytest.raises(RuntimeError, match="compiling kernels.triton_aot:no_such_function"):
-        triton_aot.report("kernels.triton_aot:no_such_function")
+    with pytest.raises(RuntimeError, match="compiling kernels.profile.triton_aot:no_such_function"):
+        triton_aot.report("kernels.profile.triton_aot:no_such_function")

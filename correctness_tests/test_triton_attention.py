@@ -9,8 +9,9 @@ import re
 
 import pytest
 
-from kernels import checking, registry, triton_aot
+from kernels.core import checking, registry
 from kernels.ops.attention import spec
+from kernels.profile import triton_aot
 
 torch = pytest.importorskip("torch")  # the Triton kernels run on torch tensors
 from kernels.ops.attention import triton as attention_triton  # noqa: E402

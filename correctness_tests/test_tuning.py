@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from kernels import cli, tuning
+from kernels import cli
+from kernels.core import tuning
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -88,7 +89,7 @@ def test_matmul_implementations_are_tunable():
 
 
 def test_tune_command_without_gpu_says_what_it_needs(capsys):
-    from kernels import devices
+    from kernels.core import devices
 
     if devices.this_machine().has_gpu:
         pytest.skip("checks the CPU-only message")
@@ -131,7 +132,7 @@ def test_triton_attention_picks_its_config_by_gpu_head_dim_and_causal(monkeypatc
 def test_the_tune_command_records_the_fastest_by_what_it_chose(monkeypatch, tmp_path, capsys):
     """`python -m kernels tune` on a (stand-in) GPU: the fastest candidate's varied fields go
     to the op's tuned file under the GPU model, and nothing else of its config."""
-    from kernels import devices
+    from kernels.core import devices
 
     gpu = devices.Machine(platform="gpu", device_kind="NVIDIA Test GPU", device_count=1,
                           compute_capability=(9, 0))

@@ -1,4 +1,4 @@
-"""kernels.validation's checks on plain numpy arrays: each error names the argument, what was
+"""kernels.core.validation's checks on plain numpy arrays: each error names the argument, what was
 expected and what came, word for word."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from kernels import validation
+from kernels.core import validation
 
 
 class _ShapeOnly:

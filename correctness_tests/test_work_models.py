@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import checking, dtypes, registry
+from kernels.core import checking, dtypes, registry
 from kernels.roofline import ceilings, model
 
 ELEMENTWISE = {"add", "sub", "mul", "div", "exp", "max", "min", "neg", "log"}

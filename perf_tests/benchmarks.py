@@ -7,18 +7,18 @@ operation's "bench" cases for this platform. Per benchmark:
                     Each asv sample is one device-time sample from the
                     measurement core (CUPTI kernel time on a GPU for every
                     framework, the host clock on CPU, L2 flushed before each:
-                    see kernels.timing); asv's timer is a clock advanced only
+                    see kernels.core.timing); asv's timer is a clock advanced only
                     by those samples, so asv's own statistics (Mann-Whitney,
                     confidence intervals) apply to device time.
   track_peak_memory peak device bytes of the compiled program (XLA's memory
                     analysis: arguments + outputs + temporaries - aliased;
-                    kernels.memory), JAX implementations only: a change that
+                    kernels.guards.memory), JAX implementations only: a change that
                     doubles memory shows like a slowdown.
 
 Dashboard metrics, defined (so recorded) only when KERNELPERF_DASHBOARD_METRICS=1
 (set by `python -m kernels bench`, `make bench` and the CI workflows):
 
-  track_tflops      achieved TFLOP/s           } from one `kernels.timing.measure`
+  track_tflops      achieved TFLOP/s           } from one `kernels.core.timing.measure`
   track_gbps        achieved GB/s              } per (implementation, case,
   track_roofline    fraction of the roofline   } direction) per commit,
   track_speedup     over the best baseline     } shared by these four.
@@ -44,6 +44,9 @@ import os
 import pathlib
 import tempfile
 
+# The flat module names (kernels.registry, ...) on purpose: asv runs this file against the
+# `kernels` installed from each benchmarked commit, and every commit of the history has them
+# (kernels/__init__.py's MOVED maps them to their homes in the packages).
 from kernels import environment
 
 environment.configure()

@@ -129,7 +129,7 @@ def default_arch() -> str:
     named = os.environ.get(ARCH_VARIABLE)
     if named:
         return _check_arch(named)
-    from kernels import environment
+    from kernels.core import environment
 
     if environment.nvidia_gpu_present():
         try:

@@ -5,9 +5,9 @@ register with framework "torch": the harness hands them torch CUDA tensors,
 which give everything a raw launch needs (`data_ptr()`, device, dtype,
 strides) and torch's current stream, which we pass to the launcher so our
 kernel is ordered with the surrounding torch work and never synchronises the
-device. Output buffers come from `kernels.frameworks.torch_empty` (NaN-filled
+device. Output buffers come from `kernels.core.frameworks.torch_empty` (NaN-filled
 under test). JAX arrays reach these kernels zero-copy through DLPack
-(`kernels.frameworks.jax_to_torch`). We did not take the other route, the JAX
+(`kernels.core.frameworks.jax_to_torch`). We did not take the other route, the JAX
 FFI (registering each entry point as an XLA custom call so it runs inside
 `jax.jit`): it needs an XLA FFI handler per kernel written against XLA's C++
 API headers (a second, version-sensitive binding layer in every .cu file, and

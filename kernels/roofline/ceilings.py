@@ -11,7 +11,7 @@ bandwidth is 3.35 TB/s (2.0 TB/s is the PCIe board), its dense tf32 rate is
 
 Measured ceilings: a large copy done by a kernel (bytes read + written per
 second) and a large matrix product per dtype, each the best of torch and XLA,
-timed by `kernels.timing` with the clock the points are timed by (CUPTI on a
+timed by `kernels.core.timing` with the clock the points are timed by (CUPTI on a
 GPU: a cudaMemcpy is no kernel to it, and ceilings timed by CUDA events read
 low enough that products sat at 114-117% of them), and cached per device model
 in `$KERNELPERF_CACHE/ceilings/<model>.json` (default `~/.cache/kernelperf`),
@@ -35,7 +35,7 @@ import pathlib
 import warnings
 from typing import Any
 
-from kernels import fingerprint as fingerprint_module
+from kernels.core import fingerprint as fingerprint_module
 
 T = 1e12
 
@@ -290,7 +290,7 @@ def _products(dtype: str, size: int, where: str) -> list[tuple[str, Any, str, tu
     if dtype in ("bf16", "f16"):
         import jax.numpy as jnp
 
-        from kernels import frameworks
+        from kernels.core import frameworks
 
         candidates.append((f"xla matmul {dtype}", jnp.matmul, "jax",
                            tuple(jnp.asarray(frameworks.torch_to_numpy(t)) for t in (a, b))))
@@ -298,11 +298,11 @@ def _products(dtype: str, size: int, where: str) -> list[tuple[str, Any, str, tu
 
 
 def measure(device: fingerprint_module.Fingerprint | None = None) -> Ceiling:
-    """Time a large copy and large products on this device (kernels.timing); the best of
+    """Time a large copy and large products on this device (kernels.core.timing); the best of
     torch's and XLA's for each. Every timing must come by one method, or this refuses."""
     import torch
 
-    from kernels import timing
+    from kernels.core import timing
 
     device = device or fingerprint_module.fingerprint()
     gpu = device.platform == "gpu"
@@ -366,7 +366,7 @@ def measured(device: fingerprint_module.Fingerprint | None = None, *,
 
 def default_method(device: fingerprint_module.Fingerprint) -> str:
     """The clock points on `device` are timed by, which measured ceilings must share."""
-    from kernels import compat
+    from kernels.core import compat
 
     return "cupti" if device.platform == "gpu" and compat.cupti_session() else "host-clock"
 

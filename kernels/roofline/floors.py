@@ -5,7 +5,7 @@ A floor is a fraction, either of the roofline (the datasheet roofs of
 baseline measured in the same run by the same clock (compute-bound kernels,
 and the tiny latency-bound cases where no roof is close). `perf_tests/`
 times every kernel on its "bench" cases and fails it when it falls under its
-floor (`kernels.perfcheck.judge`).
+floor (`kernels.bench.perfcheck.judge`).
 
 Floors are keyed by the exact name the driver reports, as `DATASHEET` is. A
 GPU model with no entry records its numbers and skips the floor check, naming
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kernels import registry
+from kernels.core import registry
 
 AGAINST = ("roofline", "baseline")
 
@@ -93,9 +93,9 @@ def _floors(op: str, impls: str | tuple[str, ...], against: str, fraction: float
 
 # H100 SXM, one clock (CUPTI) where noted, cold L2. Sources: perf_tests/RESULTS.md
 # (2026-11-23, 2026-11-24), the device notes of 2026-11-24 ("same run, every
-# implementation by CUPTI"), issue 7's goals (kernels/cuda/bench.py), issue 18's table.
+# implementation by CUPTI"), issue 7's goals (kernels/profile/cuda_bench.py), issue 18's table.
 # "Run 1" is `pytest -m "gpu and perf"` of 2026-11-24 evening (CUPTI, every kernel and its
-# baselines in one process; perf_tests/results/pytest_gpu/3-perf-run1-run2.log).
+# baselines in one process; perf_tests/results/archive/pytest_gpu/3-perf-run1-run2.log).
 _H100_FLOORS = (
     # Softmax: bandwidth-bound at real size; 3.35 TB/s datasheet, 3.0 TB/s measured copy.
     *_floors("softmax", ("pallas", "triton", "cuda"), "roofline", 0.80,
@@ -120,7 +120,7 @@ _H100_FLOORS = (
     # Row sum: bandwidth-bound (reads x, writes a value per row).
     *_floors("row_sum", "cuda", "roofline", 0.65,
              "32768x4096 by CUDA events: f32 0.87, bf16 0.81 of 3.35 TB/s (2026-11-24, "
-             "kernels.cuda.bench); by CUPTI in pytest -m perf f32 0.89 (2026-11-25); 20% "
+             "kernels.profile.cuda_bench); by CUPTI in pytest -m perf f32 0.89 (2026-11-25); 20% "
              "under bf16's", case="32768x4096"),
     # Attention: compute-bound; the best baseline is jax's cuDNN (torch's cuDNN SDPA within
     # 0.5%). Ranges are over the "bench" cases (head_dim 128 and 64, causal and not), CUPTI,

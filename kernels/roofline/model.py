@@ -9,7 +9,7 @@ Work with no FLOPs (a copy, a broadcast) is judged by bandwidth alone.
 
 Sharded work has a third roof: C bytes crossing between n devices, each
 receiving at most L bytes/s (the all-gather bandwidth measured by
-`kernels.sharding.interconnect_bandwidth`), take at least C / (n L). Given
+`kernels.sharding.meshes.interconnect_bandwidth`), take at least C / (n L). Given
 `interconnect` = L, the fraction is the slowest roof's time over the measured
 time, max(W / P, Q / B, C / (n L)) / t, and the bound names that roof.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kernels import registry
+from kernels.core import registry
 from kernels.roofline.ceilings import Ceiling
 
 # Fractions above these are reported as a wrong work model rather than a fast kernel: any

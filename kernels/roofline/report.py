@@ -19,7 +19,7 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from kernels import registry
+from kernels.core import registry
 from kernels.roofline import ceilings, model
 
 TRACES = pathlib.Path("traces")
@@ -44,9 +44,9 @@ def sharding_ceiling(impl: registry.Implementation, case: registry.Case,
     devices = impl.devices_for(case)
     if work.comm_bytes <= 0 or devices < 2:
         return None
-    from kernels import sharding
+    from kernels.sharding import meshes
 
-    return sharding.interconnect_ceiling(devices)
+    return meshes.interconnect_ceiling(devices)
 
 
 def point(impl: registry.Implementation, case: registry.Case, direction: str,

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import pytest
 
-from kernels import fingerprint, perfcheck
+from kernels.bench import perfcheck
+from kernels.core import fingerprint
 
 DEFAULT_STORAGE = "file://./.benchmarks"  # pytest-benchmark's own default
 SAVED = pytest.StashKey[dict]()

@@ -19,7 +19,8 @@ import sys
 
 import pytest
 
-from kernels import devices, perfcheck
+from kernels.bench import perfcheck
+from kernels.core import devices
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ITEM = "softmax-pallas-f32-64x1000-fwd"
@@ -55,7 +56,7 @@ def test_saved_history_then_a_slower_run_fails_the_compare(tmp_path):
     run = json.loads((tmp_path / "run.json").read_text())
     (bench,) = run["benchmarks"]
     assert bench["name"] == f"test_kernel_performance[{ITEM}]"
-    assert bench["options"]["timer"] == "device_time"  # kernels.perfcheck.device_time
+    assert bench["options"]["timer"] == "device_time"  # kernels.bench.perfcheck.device_time
     info = bench["extra_info"]
     assert info["clock_method"] == "host-clock" and info["floor_verdict"] == "skipped"
     assert info["fingerprint"]["platform"] == "cpu"

@@ -11,7 +11,8 @@ import pathlib
 
 import pytest
 
-from kernels import fingerprint, perfcheck, registry, timing
+from kernels.bench import perfcheck
+from kernels.core import fingerprint, registry, timing
 from kernels.roofline import ceilings, floors, model
 
 H100 = "NVIDIA H100 80GB HBM3"

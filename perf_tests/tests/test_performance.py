@@ -4,7 +4,7 @@ One item per (kernel, bench case, direction), ids like
 `softmax-pallas-f32-32768x4096-fwd`, marked `perf` (and `gpu` on a GPU
 machine, or where the kernel needs one): `pytest -m perf` runs them in one
 process, `pytest -m "gpu and not perf"` leaves them out. Each item times the kernel and
-the operation's baselines in this process (kernels.perfcheck), records the
+the operation's baselines in this process (kernels.bench.perfcheck), records the
 kernel's device-time samples through pytest-benchmark, then checks the floor
 for this GPU model; on CPU, or on a model without floors, it records and skips
 the check with the reason. Under several xdist workers (a plain `pytest -m
@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-from kernels import devices, perfcheck, registry
+from kernels.bench import perfcheck
+from kernels.core import devices, registry
 from kernels.roofline import floors
 
 ITEMS = {item.id: item for item in perfcheck.perf_items()}

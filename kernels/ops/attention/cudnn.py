@@ -2,7 +2,7 @@
 
 import jax
 
-from kernels import registry
+from kernels.core import registry
 from kernels.ops.attention import spec
 
 

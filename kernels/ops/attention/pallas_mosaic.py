@@ -51,7 +51,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels import compat, registry, tuning, validation
+from kernels.core import compat, registry, tuning, validation
 from kernels.ops.attention import spec
 
 IMPL = "pallas_mosaic"

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels import compat, registry, validation
+from kernels.core import compat, registry, validation
 from kernels.ops.attention import spec
 
 plt = compat.pallas_triton()

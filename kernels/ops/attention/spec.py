@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import checking, dtypes, registry, validation
+from kernels.core import checking, dtypes, registry, validation
 
 NAME = "attention"
 SUPPORTED_DTYPES = ("bf16", "f16", "f32")

@@ -9,7 +9,7 @@ import functools
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from kernels import registry
+from kernels.core import registry
 from kernels.ops.attention import spec
 
 

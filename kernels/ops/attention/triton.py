@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels import compat, frameworks, registry, validation
+from kernels.core import compat, frameworks, registry, validation
 from kernels.ops.attention import spec, triton_gluon
 
 compat.patch_triton_interpreter()

@@ -234,7 +234,7 @@ def forward(q, k, v, o, lse, causal: bool, qk_scale: float, *, block_n: int, sta
 
 def example_launch(head_dim: int, causal: bool, block_n: int, stages: int):
     """(kernel, args, kwargs) of a bf16 launch on CPU tensors of a ragged size (2 x 1000 x 4),
-    for compiling without a GPU (kernels.triton_aot)."""
+    for compiling without a GPU (kernels.profile.triton_aot)."""
     q = torch.empty((2, 1000, 4, head_dim), dtype=torch.bfloat16)
     lse = torch.empty((2, 4, 1000), dtype=torch.float32)
     _, args, kwargs = launch(q, q, q, q, lse, causal, 0.1, block_n=block_n, stages=stages)

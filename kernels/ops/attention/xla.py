@@ -2,7 +2,7 @@
 
 import jax
 
-from kernels import compat, registry
+from kernels.core import compat, registry
 from kernels.ops.attention import spec
 
 

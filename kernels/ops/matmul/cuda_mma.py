@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from kernels import dtypes, frameworks, registry, validation
+from kernels.core import dtypes, frameworks, registry, validation
 from kernels.cuda import runtime
 from kernels.ops.matmul import spec
 
@@ -48,7 +48,8 @@ class MmaConfig:
 
 # Every tile gemm_mma.cu instantiates: the tests check each, the bench times each.
 CONFIGS = tuple(MmaConfig(block_n=n) for n in BLOCK_NS)
-# 128 x 128 until H100 timings of both say otherwise (python -m kernels.cuda.bench times both).
+# 128 x 128 until H100 timings of both say otherwise (python -m kernels.profile.cuda_bench times
+# both).
 DEFAULT_CONFIG = MmaConfig(block_n=128)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from kernels import dtypes, frameworks, registry
+from kernels.core import dtypes, frameworks, registry
 from kernels.cuda import runtime
 from kernels.ops.matmul import spec
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from kernels import dtypes, frameworks, registry, validation
+from kernels.core import dtypes, frameworks, registry, validation
 from kernels.cuda import runtime
 from kernels.ops.matmul import spec
 

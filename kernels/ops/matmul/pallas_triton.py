@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels import compat, registry, tuning, validation
+from kernels.core import compat, registry, tuning, validation
 from kernels.ops.matmul import spec
 
 plt = compat.pallas_triton()

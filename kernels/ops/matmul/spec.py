@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import checking, dtypes, registry, validation
+from kernels.core import checking, dtypes, registry, validation
 
 NAME = "matmul"
 SUPPORTED_DTYPES = ("f32", "bf16", "f16")

@@ -2,7 +2,7 @@
 
 import torch
 
-from kernels import registry
+from kernels.core import registry
 from kernels.ops.matmul import spec
 
 

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import compat, frameworks, registry, validation
+from kernels.core import compat, frameworks, registry, validation
 from kernels.ops.matmul import spec
 
 compat.patch_triton_interpreter()

@@ -3,8 +3,8 @@
 import jax
 import jax.numpy as jnp
 
-from kernels import registry
-from kernels.hlo import HloExpectation, HloRules
+from kernels.core import registry
+from kernels.core.hlo_rules import HloExpectation, HloRules
 from kernels.ops.matmul import spec
 
 

@@ -6,7 +6,7 @@ the forward: the most memory, no recomputation. See xla_remat.py for the trade.
 
 import jax
 
-from kernels import registry
+from kernels.core import registry
 from kernels.ops.mlp import spec
 
 

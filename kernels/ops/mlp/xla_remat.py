@@ -9,7 +9,7 @@ time up. Same forward as xla.py.
 
 import jax
 
-from kernels import registry
+from kernels.core import registry
 from kernels.ops.mlp import spec
 
 

@@ -18,11 +18,12 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from kernels import compat, registry, sharding
+from kernels.core import compat, registry
 from kernels.ops.moe import spec
+from kernels.sharding import meshes
 
 
-def _local_moe(x, router, w_in, w_out, *, top_k: int, slots: int, rules: sharding.MeshRules):
+def _local_moe(x, router, w_in, w_out, *, top_k: int, slots: int, rules: meshes.MeshRules):
     """Per device: x (groups/d, s, m), router (m, e), w_in (e/d, m, h/t), w_out (e/d, h/t, m)."""
     dispatch, combine = spec.route(x, router, top_k, slots)
     tokens = jnp.einsum("gsec,gsm->egcm", dispatch.astype(x.dtype), x)
@@ -36,24 +37,24 @@ def _local_moe(x, router, w_in, w_out, *, top_k: int, slots: int, rules: shardin
 
 
 @functools.cache
-def sharded_moe(mesh_shape: str, top_k: int, slots: int, rules: sharding.MeshRules = spec.RULES):
+def sharded_moe(mesh_shape: str, top_k: int, slots: int, rules: meshes.MeshRules = spec.RULES):
     if rules.batch != rules.expert:
         raise ValueError(f"rules: expected groups ('batch', {rules.batch!r}) on the expert "
                          f"axis ({rules.expert!r}) for the all-to-all dispatch")
-    mesh = sharding.make_mesh(mesh_shape)
+    mesh = meshes.make_mesh(mesh_shape)
     body = functools.partial(_local_moe, top_k=top_k, slots=slots, rules=rules)
     return jax.jit(compat.shard_map(body, mesh=mesh, in_specs=in_specs(rules),
                                     out_specs=rules.spec("batch", None, "embed")))
 
 
-def in_specs(rules: sharding.MeshRules):
+def in_specs(rules: meshes.MeshRules):
     return (rules.spec("batch", None, "embed"), rules.spec("embed", None),
             rules.spec("expert", "embed", "mlp"), rules.spec("expert", "mlp", "embed"))
 
 
 def prepare(case: registry.Case, *inputs: jax.Array) -> tuple[jax.Array, ...]:
-    mesh = sharding.make_mesh(case.kwargs["mesh"])
-    return tuple(sharding.place(x, mesh, s)
+    mesh = meshes.make_mesh(case.kwargs["mesh"])
+    return tuple(meshes.place(x, mesh, s)
                  for x, s in zip(inputs, in_specs(spec.RULES), strict=True))
 
 

@@ -23,12 +23,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import checking, dtypes, registry, sharding, validation
+from kernels.core import checking, dtypes, registry, validation
+from kernels.sharding import meshes
 
 NAME = "moe"
 SUPPORTED_DTYPES = ("f32", "bf16")
 HIGHEST = jax.lax.Precision.HIGHEST
-RULES = sharding.MeshRules()
+RULES = meshes.MeshRules()
 
 
 def capacity(group_size: int, experts: int, top_k: int, capacity_factor: float) -> int:
@@ -109,7 +110,7 @@ def validate(x, router, w_in, w_out, top_k: int, capacity_factor: float, mesh: s
         raise ValueError(f"top_k: expected an int in [1, {experts}], got {top_k!r}")
     if not capacity_factor > 0:
         raise ValueError(f"capacity_factor: expected > 0, got {capacity_factor!r}")
-    data, model = sharding.parse_mesh_shape(mesh)
+    data, model = meshes.parse_mesh_shape(mesh)
     for name, size, axis, count in (("x", groups, "groups", data), ("router", experts,
                                     "experts", data), ("w_in", mlp, "mlp features", model)):
         if size % count:
@@ -156,7 +157,7 @@ def work(case: registry.Case, direction: str) -> registry.Work:
     """
     g, s, m, h, e = (case[d] for d in ("groups", "group_size", "embed", "mlp", "experts"))
     params = case.kwargs
-    data, model = sharding.parse_mesh_shape(params["mesh"])
+    data, model = meshes.parse_mesh_shape(params["mesh"])
     c = capacity(s, e, params["top_k"], params["capacity_factor"])
     itemsize = dtypes.to_numpy(case.dtype).itemsize
     tokens = g * s

@@ -12,13 +12,14 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from kernels import registry, sharding
+from kernels.core import registry
 from kernels.ops.moe import expert_parallel, spec
+from kernels.sharding import meshes
 
 
 @functools.cache
 def constrained_moe(mesh_shape: str, top_k: int, slots: int):
-    mesh = sharding.make_mesh(mesh_shape)
+    mesh = meshes.make_mesh(mesh_shape)
     rules = spec.RULES
 
     def dense(x, router, w_in, w_out):

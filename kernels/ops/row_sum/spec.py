@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import checking, dtypes, registry, validation
+from kernels.core import checking, dtypes, registry, validation
 from kernels.ops.softmax import spec as softmax_spec
 
 NAME = "row_sum"

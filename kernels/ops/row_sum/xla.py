@@ -3,7 +3,7 @@
 import jax
 import jax.numpy as jnp
 
-from kernels import registry
+from kernels.core import registry
 from kernels.ops.row_sum import spec
 
 

@@ -26,8 +26,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from kernels import compat, registry, sharding
+from kernels.core import compat, registry
 from kernels.ops.sharded_matmul import spec
+from kernels.sharding import meshes
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -45,7 +46,7 @@ def _ring_matmul(a_block: jax.Array, b_block: jax.Array, *, ring: int,
                  bidirectional: bool) -> jax.Array:
     """Per device: (rows, k) @ (k, n/p) for every row block of the ring -> (p*rows, n/p)."""
     rows = a_block.shape[0]
-    me = jax.lax.axis_index(sharding.MODEL)
+    me = jax.lax.axis_index(meshes.MODEL)
     out = jnp.zeros((ring * rows, b_block.shape[1]), a_block.dtype)
     # Receive from the right neighbour: after s steps we hold block (me + s) % ring.
     from_right = [(j, (j - 1) % ring) for j in range(ring)]
@@ -53,7 +54,7 @@ def _ring_matmul(a_block: jax.Array, b_block: jax.Array, *, ring: int,
     if not bidirectional or rows % 2:
         held = a_block
         for step in range(ring):
-            nxt = jax.lax.ppermute(held, sharding.MODEL, from_right) if step < ring - 1 else None
+            nxt = jax.lax.ppermute(held, meshes.MODEL, from_right) if step < ring - 1 else None
             source = (me + step) % ring
             out = jax.lax.dynamic_update_slice(out, held @ b_block, (source * rows, 0))
             held = nxt
@@ -63,8 +64,8 @@ def _ring_matmul(a_block: jax.Array, b_block: jax.Array, *, ring: int,
     top, bottom = a_block[:half], a_block[half:]
     for step in range(ring):
         if step < ring - 1:
-            next_top = jax.lax.ppermute(top, sharding.MODEL, from_right)
-            next_bottom = jax.lax.ppermute(bottom, sharding.MODEL, from_left)
+            next_top = jax.lax.ppermute(top, meshes.MODEL, from_right)
+            next_bottom = jax.lax.ppermute(bottom, meshes.MODEL, from_left)
         out = jax.lax.dynamic_update_slice(out, top @ b_block, (((me + step) % ring) * rows, 0))
         out = jax.lax.dynamic_update_slice(out, bottom @ b_block,
                                            (((me - step) % ring) * rows + half, 0))
@@ -75,8 +76,8 @@ def _ring_matmul(a_block: jax.Array, b_block: jax.Array, *, ring: int,
 
 def ring(mesh_shape: str, config: Config = Config()):
     """The ring collective matmul for one mesh, as a shard_map (not yet jitted)."""
-    mesh = sharding.make_mesh(mesh_shape)
-    _, model = sharding.parse_mesh_shape(mesh_shape)
+    mesh = meshes.make_mesh(mesh_shape)
+    _, model = meshes.parse_mesh_shape(mesh_shape)
     body = functools.partial(_ring_matmul, ring=model, bidirectional=config.bidirectional)
     return compat.shard_map(body, mesh=mesh, in_specs=(spec.A_SPEC, spec.B_SPEC),
                             out_specs=spec.C_SPEC)
@@ -92,9 +93,9 @@ def collective(mesh_shape: str, config: Config = Config()):
 def compute_only(mesh_shape: str):
     """The same per-device products with A already gathered (no communication): the
     time a perfectly hidden all-gather would leave. Takes A laid out as spec.C_SPEC's rows."""
-    mesh = sharding.make_mesh(mesh_shape)
+    mesh = meshes.make_mesh(mesh_shape)
     return jax.jit(compat.shard_map(jnp.matmul, mesh=mesh,
-                                    in_specs=(jax.sharding.PartitionSpec(sharding.DATA, None),
+                                    in_specs=(jax.sharding.PartitionSpec(meshes.DATA, None),
                                               spec.B_SPEC),
                                     out_specs=spec.C_SPEC))
 

@@ -11,7 +11,7 @@ one-way ring compiled with XLA's latency-hiding scheduler); `xla` is
 jnp.matmul partitioned by XLA from the same layouts. `1 device` is the whole
 product on one device.
 
-Timing is kernels.timing's host clock around 10 back-to-back calls ending in
+Timing is kernels.core.timing's host clock around 10 back-to-back calls ending in
 block_until_ready (its median and stopping rule): these products take
 milliseconds per call, so dispatch overhead is a few percent at most
 (device/NOTES.md), and wall time is what counts when transfers and products
@@ -20,7 +20,7 @@ overlap on different streams.
 goal >= 0.9). `GB/s/dev` is the bytes each device receives in the all-gather
 of A divided by the variant's time (a floor on the link rate achieved while
 overlapping), beside the all-gather bandwidth measured alone
-(`kernels.sharding`). `overlap` reads the compiled HLO: per asynchronous
+(`kernels.sharding.meshes`). `overlap` reads the compiled HLO: per asynchronous
 collective-permute, how many matrix products were scheduled between its start
 and its done (comma-separated; "-" where there is none).
 """
@@ -32,7 +32,7 @@ import os
 import re
 import sys
 
-from kernels import environment
+from kernels.core import environment
 
 # XLA's GPU scheduler that moves asynchronous collectives' starts early and
 # their dones late, around independent work: for the whole process, or per jit.
@@ -51,7 +51,7 @@ CALLS_PER_SAMPLE = 10
 
 
 def host_time(label: str, fn, *args) -> tuple[float, str]:
-    """Seconds per call by kernels.timing's host clock (median of samples of CALLS_PER_SAMPLE
+    """Seconds per call by kernels.core.timing's host clock (median of samples of CALLS_PER_SAMPLE
     back-to-back calls ending in block_until_ready), and how sampling stopped.
 
     Not CUPTI: CUPTI sums kernel durations over every device and stream, which
@@ -59,7 +59,7 @@ def host_time(label: str, fn, *args) -> tuple[float, str]:
     """
     import jax
 
-    from kernels import timing
+    from kernels.core import timing
 
     def calls():
         for _ in range(CALLS_PER_SAMPLE):
@@ -93,14 +93,15 @@ def products_between_permutes(hlo: str) -> list[int]:
     return counts
 
 
-def run(m: int, n: int, k: int, meshes: list[str], dtype: str) -> list[dict]:
+def run(m: int, n: int, k: int, shapes: list[str], dtype: str) -> list[dict]:
     import jax
     import jax.numpy as jnp
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from kernels import dtypes, sharding
+    from kernels.core import dtypes
     from kernels.ops.sharded_matmul import collective, spec, xla
+    from kernels.sharding import meshes
 
     np_dtype = dtypes.to_numpy(dtype)
     rng = np.random.default_rng(0)
@@ -114,16 +115,16 @@ def run(m: int, n: int, k: int, meshes: list[str], dtype: str) -> list[dict]:
     t_one, how = host_time("1 device", single, jax.device_put(a, one), jax.device_put(b, one))
     rows = [dict(mesh="1 device", variant="jnp.matmul", seconds=t_one, flops=flops,
                  speedup=1.0, hidden=None, gbps=None, overlap="", timing=how)]
-    for mesh_shape in meshes:
-        reason = sharding.unavailable_reason(mesh_shape)
+    for mesh_shape in shapes:
+        reason = meshes.unavailable_reason(mesh_shape)
         if reason:
             print(f"skipping mesh {mesh_shape}: {reason}", file=sys.stderr)
             continue
-        data, model = sharding.parse_mesh_shape(mesh_shape)
-        mesh = sharding.make_mesh(mesh_shape)
-        a_sharded = sharding.place(a, mesh, spec.A_SPEC)
-        a_gathered = sharding.place(a, mesh, PartitionSpec(sharding.DATA, None))
-        b_sharded = sharding.place(b, mesh, spec.B_SPEC)
+        data, model = meshes.parse_mesh_shape(mesh_shape)
+        mesh = meshes.make_mesh(mesh_shape)
+        a_sharded = meshes.place(a, mesh, spec.A_SPEC)
+        a_gathered = meshes.place(a, mesh, PartitionSpec(meshes.DATA, None))
+        b_sharded = meshes.place(b, mesh, spec.B_SPEC)
         # Bytes each device receives in the all-gather of its data row's A.
         received = (model - 1) * (m // data // model) * k * itemsize
         variants = [
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {LATENCY_HIDING}".strip()
     import jax
 
-    from kernels import sharding
+    from kernels.sharding import meshes
 
     device = jax.devices()[0]
     if device.platform == "cpu" and not (args.m or args.n or args.k):
@@ -188,18 +189,18 @@ def main(argv: list[str] | None = None) -> int:
     args.m, args.n, args.k = (given or size for given, size in
                               zip((args.m, args.n, args.k), default, strict=True))
     count = jax.device_count()
-    meshes = args.mesh or [shape for n in (2, 4, 8) if n <= count
+    shapes = args.mesh or [shape for n in (2, 4, 8) if n <= count
                            for shape in ([f"1x{n}"] + ([f"2x{n // 2}"] if n >= 4 else []))]
     print(f"{count} x {device.device_kind} ({device.platform}), jax {jax.__version__}; "
-          f"{args.dtype} ({args.m}, {args.k}) @ ({args.k}, {args.n}); timer: kernels.timing "
+          f"{args.dtype} ({args.m}, {args.k}) @ ({args.k}, {args.n}); timer: kernels.core.timing "
           f"host clock over {CALLS_PER_SAMPLE} back-to-back calls per sample; "
           f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
-    for n in sorted({sharding.mesh_size(s) for s in meshes} - {1}):
-        bw = sharding.interconnect_bandwidth(n, message_bytes=CPU_GATHER_BYTES) \
-            if device.platform == "cpu" else sharding.interconnect_bandwidth(n)
+    for n in sorted({meshes.mesh_size(s) for s in shapes} - {1}):
+        bw = meshes.interconnect_bandwidth(n, message_bytes=CPU_GATHER_BYTES) \
+            if device.platform == "cpu" else meshes.interconnect_bandwidth(n)
         print(f"all-gather alone over {n} devices: {bw.bytes_per_second / 1e9:.1f} GB/s received "
               f"per device ({bw.message_bytes / 2**20:.0f} MiB gathered, {bw.timer})")
-    rows = run(args.m, args.n, args.k, meshes, args.dtype)
+    rows = run(args.m, args.n, args.k, shapes, args.dtype)
     print(f"{'mesh':>9} {'variant':>18} {'ms':>8} {'TFLOP/s':>8} {'vs 1 dev':>8} "
           f"{'hidden':>7} {'GB/s/dev':>9} {'overlap':>8}  timing")
     for row in rows:

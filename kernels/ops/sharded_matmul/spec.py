@@ -15,14 +15,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from kernels import dtypes, registry, sharding
+from kernels.core import dtypes, registry
 from kernels.ops.matmul import spec as matmul_spec
+from kernels.sharding import meshes
 
 NAME = "sharded_matmul"
 SUPPORTED_DTYPES = ("f32", "bf16")
-A_SPEC = P((sharding.DATA, sharding.MODEL), None)
-B_SPEC = P(None, sharding.MODEL)
-C_SPEC = P(sharding.DATA, sharding.MODEL)
+A_SPEC = P((meshes.DATA, meshes.MODEL), None)
+B_SPEC = P(None, meshes.MODEL)
+C_SPEC = P(meshes.DATA, meshes.MODEL)
 
 
 def reference(a: jax.Array, b: jax.Array, *, mesh: str) -> jax.Array:
@@ -34,7 +35,7 @@ def reference(a: jax.Array, b: jax.Array, *, mesh: str) -> jax.Array:
 def validate(a, b, mesh: str) -> None:
     """Shapes, dtypes and divisibility by the mesh, checked before anything is placed."""
     matmul_spec.validate(a, b)
-    data, model = sharding.parse_mesh_shape(mesh)
+    data, model = meshes.parse_mesh_shape(mesh)
     m, n = a.shape[0], b.shape[1]
     if m % (data * model):
         raise ValueError(f"a: expected rows divisible by data*model = {data * model} "
@@ -46,8 +47,8 @@ def validate(a, b, mesh: str) -> None:
 
 def prepare(case: registry.Case, a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
     """A and B laid out over the case's mesh (outside the timed region)."""
-    mesh = sharding.make_mesh(case.kwargs["mesh"])
-    return sharding.place(a, mesh, A_SPEC), sharding.place(b, mesh, B_SPEC)
+    mesh = meshes.make_mesh(case.kwargs["mesh"])
+    return meshes.place(a, mesh, A_SPEC), meshes.place(b, mesh, B_SPEC)
 
 
 def make_inputs(case: registry.Case, rng: np.random.Generator,
@@ -63,7 +64,7 @@ def work(case: registry.Case, direction: str) -> registry.Work:
     back over model (the same amount), and dB, partial on every data row of
     the mesh, is all-reduced over data: 2 (data - 1) * k * n elements by a ring.
     """
-    data, model = sharding.parse_mesh_shape(case.kwargs["mesh"])
+    data, model = meshes.parse_mesh_shape(case.kwargs["mesh"])
     m, n, k = case["m"], case["n"], case["k"]
     itemsize = dtypes.to_numpy(case.dtype).itemsize
     base = matmul_spec.work(case, direction)

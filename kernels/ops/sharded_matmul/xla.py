@@ -9,14 +9,15 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
-from kernels import registry, sharding
+from kernels.core import registry
 from kernels.ops.sharded_matmul import spec
+from kernels.sharding import meshes
 
 
 @functools.cache
 def partitioned(mesh_shape: str):
     """The jitted product for one mesh, its input and output layouts fixed."""
-    mesh = sharding.make_mesh(mesh_shape)
+    mesh = meshes.make_mesh(mesh_shape)
     a_layout, b_layout = NamedSharding(mesh, spec.A_SPEC), NamedSharding(mesh, spec.B_SPEC)
     return jax.jit(jnp.matmul, in_shardings=(a_layout, b_layout),
                    out_shardings=NamedSharding(mesh, spec.C_SPEC))

@@ -13,11 +13,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import checking, dtypes, registry, sharding, validation
+from kernels.core import checking, dtypes, registry, validation
+from kernels.sharding import meshes
 
 NAME = "sharded_vmap"
 SUPPORTED_DTYPES = ("f32", "bf16")
-RULES = sharding.MeshRules()
+RULES = meshes.MeshRules()
 X_SPEC = RULES.spec("batch", None, "embed")
 W_SPEC = RULES.spec("embed", "mlp")
 OUT_SPEC = RULES.spec("batch", None, "mlp")
@@ -43,7 +44,7 @@ def validate(x, w, mesh: str) -> None:
     if x.shape[2] != w.shape[0]:
         raise ValueError(f"w: expected {x.shape[2]} rows to match x's features (x is "
                          f"{tuple(x.shape)}), got shape {tuple(w.shape)}")
-    data, model = sharding.parse_mesh_shape(mesh)
+    data, model = meshes.parse_mesh_shape(mesh)
     if x.shape[0] % data:
         raise ValueError(f"x: expected a batch divisible by data = {data} (mesh {mesh}), "
                          f"got shape {tuple(x.shape)}")
@@ -53,8 +54,8 @@ def validate(x, w, mesh: str) -> None:
 
 
 def prepare(case: registry.Case, x: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
-    mesh = sharding.make_mesh(case.kwargs["mesh"])
-    return sharding.place(x, mesh, X_SPEC), sharding.place(w, mesh, W_SPEC)
+    mesh = meshes.make_mesh(case.kwargs["mesh"])
+    return meshes.place(x, mesh, X_SPEC), meshes.place(w, mesh, W_SPEC)
 
 
 def make_inputs(case: registry.Case, rng: np.random.Generator,
@@ -76,7 +77,7 @@ def work(case: registry.Case, direction: str) -> registry.Work:
     partial over the model axis and all-reduced there (2 (model - 1) b n d_in).
     """
     b, n, d_in, d_out = (case[d] for d in ("batch", "rows", "d_in", "d_out"))
-    data, model = sharding.parse_mesh_shape(case.kwargs["mesh"])
+    data, model = meshes.parse_mesh_shape(case.kwargs["mesh"])
     itemsize = dtypes.to_numpy(case.dtype).itemsize
     flops = 2.0 * b * n * d_in * d_out
     bytes_ = (b * n * d_in + d_in * d_out + b * n * d_out) * itemsize

@@ -13,8 +13,9 @@ import functools
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from kernels import registry, sharding
+from kernels.core import registry
 from kernels.ops.sharded_vmap import spec
+from kernels.sharding import meshes
 
 
 def _per_example_constrained(x: jax.Array, w: jax.Array, *, mesh) -> jax.Array:
@@ -26,7 +27,7 @@ def _per_example_constrained(x: jax.Array, w: jax.Array, *, mesh) -> jax.Array:
 @functools.cache
 def batched(mesh_shape: str):
     """The jitted vmap for one mesh, input and output layouts fixed."""
-    mesh = sharding.make_mesh(mesh_shape)
+    mesh = meshes.make_mesh(mesh_shape)
     body = jax.vmap(functools.partial(_per_example_constrained, mesh=mesh), in_axes=(0, None),
                     spmd_axis_name=spec.RULES.batch)
     return jax.jit(body, in_shardings=(NamedSharding(mesh, spec.X_SPEC),

@@ -7,13 +7,14 @@ import functools
 import jax
 from jax.sharding import NamedSharding
 
-from kernels import registry, sharding
+from kernels.core import registry
 from kernels.ops.sharded_vmap import spec
+from kernels.sharding import meshes
 
 
 @functools.cache
 def batched(mesh_shape: str):
-    mesh = sharding.make_mesh(mesh_shape)
+    mesh = meshes.make_mesh(mesh_shape)
 
     def run(x, w):
         logits = jax.numpy.einsum("bnd,de->bne", x.astype("float32"), w.astype("float32"))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from kernels import frameworks, registry, validation
+from kernels.core import frameworks, registry, validation
 from kernels.cuda import runtime
 from kernels.cuda.runtime import MAX_THREADS, WARP, max_vectors_per_thread, next_power_of_2
 from kernels.ops.softmax import spec

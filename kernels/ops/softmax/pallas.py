@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels import compat, registry, validation
-from kernels.hlo import HloExpectation, HloRules
+from kernels.core import compat, registry, validation
+from kernels.core.hlo_rules import HloExpectation, HloRules
 from kernels.ops.softmax import spec
 
 plt = compat.pallas_triton()

@@ -9,8 +9,8 @@ float16 it misses the reference by 3e-2 over 4097 columns).
 import jax
 import jax.numpy as jnp
 
-from kernels import registry
-from kernels.hlo import HloExpectation, HloRules
+from kernels.core import registry
+from kernels.core.hlo_rules import HloExpectation, HloRules
 from kernels.ops.softmax import spec
 
 

@@ -20,10 +20,11 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from kernels import registry, sharding
+from kernels.core import registry
 from kernels.ops.transformer_block import spec
+from kernels.sharding import meshes
 
-RULES = sharding.MeshRules()
+RULES = meshes.MeshRules()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +39,7 @@ class Block(nnx.Module):
     """Pre-norm attention + GELU MLP; parameters named as spec.LOGICAL says."""
 
     def __init__(self, dims: BlockDims, *, rngs: nnx.Rngs, mesh: Mesh | None = None,
-                 rules: sharding.MeshRules = RULES, dtype=jnp.float32):
+                 rules: meshes.MeshRules = RULES, dtype=jnp.float32):
         self.mesh, self.rules = mesh, rules
         m, h, d, f = dims.embed, dims.heads, dims.head_dim, dims.mlp
 
@@ -75,7 +76,7 @@ class Block(nnx.Module):
 
 
 def make_block(dims: BlockDims, *, seed: int = 0, mesh: Mesh | None = None,
-               rules: sharding.MeshRules = RULES, dtype=jnp.float32) -> Block:
+               rules: meshes.MeshRules = RULES, dtype=jnp.float32) -> Block:
     """A Block with parameters from `seed`; sharded by `rules` over `mesh` if one is given."""
     with nnx.logical_axis_rules(rules.as_pairs()):
         return Block(dims, rngs=nnx.Rngs(seed), mesh=mesh, rules=rules, dtype=dtype)
@@ -97,14 +98,14 @@ def train_step(model: Block, x: jax.Array, target: jax.Array, learning_rate: flo
     return loss
 
 
-def input_shardings(mesh: Mesh, rules: sharding.MeshRules = RULES):
+def input_shardings(mesh: Mesh, rules: meshes.MeshRules = RULES):
     return tuple(rules.sharding(mesh, *spec.LOGICAL[name]) for name in spec.INPUT_NAMES)
 
 
 @functools.cache
 def sharded_apply(dims: BlockDims, mesh_shape: str, dtype_name: str):
     """jit of (x, *weights) -> block output: a Block whose parameters are the given arrays."""
-    mesh = sharding.make_mesh(mesh_shape)
+    mesh = meshes.make_mesh(mesh_shape)
     # eval_shape resolves the parameters' logical names too: it needs the rules.
     with nnx.logical_axis_rules(RULES.as_pairs()):
         abstract = nnx.eval_shape(lambda: make_block(dims, mesh=mesh,
@@ -120,7 +121,7 @@ def sharded_apply(dims: BlockDims, mesh_shape: str, dtype_name: str):
 
 
 def prepare(case: registry.Case, *inputs: jax.Array) -> tuple[jax.Array, ...]:
-    mesh = sharding.make_mesh(case.kwargs["mesh"])
+    mesh = meshes.make_mesh(case.kwargs["mesh"])
     return tuple(jax.device_put(x, s)
                  for x, s in zip(inputs, input_shardings(mesh), strict=True))
 

@@ -2,7 +2,7 @@
 
 x + attention(rms(x)), then + mlp(rms(.)): multi-head softmax attention (no
 mask) and a GELU MLP, with parameter-free RMS normalisation. Parameters carry
-logical axis names (LOGICAL below) that `sharding.MeshRules` maps to mesh
+logical axis names (LOGICAL below) that `meshes.MeshRules` maps to mesh
 axes: the Megatron layout, heads and MLP features over `model`, batch over
 `data`.
 """
@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import checking, dtypes, registry, sharding, validation
+from kernels.core import checking, dtypes, registry, validation
+from kernels.sharding import meshes
 
 NAME = "transformer_block"
 SUPPORTED_DTYPES = ("f32", "bf16")
@@ -77,7 +78,7 @@ def validate(x, wq, wk, wv, wo, w_in, w_out, mesh: str) -> None:
         if tuple(arrays[name].shape) != shape:
             raise ValueError(f"{name}: expected shape {shape} ({', '.join(names)}), "
                              f"got {tuple(arrays[name].shape)}")
-    data, model = sharding.parse_mesh_shape(mesh)
+    data, model = meshes.parse_mesh_shape(mesh)
     for name, dim, count in (("x", "batch", data), ("wq", "heads", model), ("w_in", "mlp", model)):
         if d[dim] % count:
             raise ValueError(f"{name}: expected {dim} divisible by {count} (mesh {mesh}), "
@@ -109,7 +110,7 @@ def work(case: registry.Case, direction: str) -> registry.Work:
     (2 (data - 1) * parameters).
     """
     b, s, m, h, d, f = (case[n] for n in ("batch", "seq", "embed", "heads", "head_dim", "mlp"))
-    data, model = sharding.parse_mesh_shape(case.kwargs["mesh"])
+    data, model = meshes.parse_mesh_shape(case.kwargs["mesh"])
     itemsize = dtypes.to_numpy(case.dtype).itemsize
     parameters = 4 * m * h * d + 2 * m * f
     flops = 2.0 * b * s * (4 * m * h * d + 2 * m * f) + 4.0 * b * h * s * s * d

@@ -9,10 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import registry, sharding
+from kernels.core import registry
 from kernels.ops.transformer_block import spec
+from kernels.sharding import meshes
 
-RULES = sharding.MeshRules()
+RULES = meshes.MeshRules()
 
 
 def _block(x, wq, wk, wv, wo, w_in, w_out):
@@ -26,13 +27,13 @@ def _block(x, wq, wk, wv, wo, w_in, w_out):
 
 @functools.cache
 def partitioned(mesh_shape: str):
-    mesh = sharding.make_mesh(mesh_shape)
+    mesh = meshes.make_mesh(mesh_shape)
     layouts = tuple(RULES.sharding(mesh, *spec.LOGICAL[name]) for name in spec.INPUT_NAMES)
     return jax.jit(_block, in_shardings=layouts, out_shardings=layouts[0])
 
 
 def prepare(case: registry.Case, *inputs: jax.Array) -> tuple[jax.Array, ...]:
-    mesh = sharding.make_mesh(case.kwargs["mesh"])
+    mesh = meshes.make_mesh(case.kwargs["mesh"])
     return tuple(jax.device_put(x, RULES.sharding(mesh, *spec.LOGICAL[name]))
                  for x, name in zip(inputs, spec.INPUT_NAMES, strict=True))
 

@@ -1,0 +1,86 @@
+"""asv environment "kernelperf": a virtualenv per commit that sees the running Python's packages.
+
+asv builds and installs each benchmarked commit into its own environment. On
+the GPU machine nothing can be downloaded, and jax (with its CUDA plugin),
+torch and triton come with the machine's Python, itself a venv whose packages
+a virtualenv's "system site packages" would not reach. So this environment
+installs nothing from an index: it is created with virtualenv's bundled pip and
+setuptools, and a .pth file adds the site-packages of the Python running asv
+(and its PYTHONPATH, e.g. carried wheels) after the environment's own. The
+commit's `kernels` is installed into the environment (asv.conf.json builds it
+with --no-deps --no-index), so it shadows nothing and is shadowed by nothing.
+
+Loaded by asv through asv.conf.json's "plugins"; selected by
+"environment_type": "kernelperf". Loading it (`setup`, which asv calls before
+any command runs) also names the machine: unless `--machine` is given, plain
+`asv run`, `asv continuous main HEAD` and `asv find` run as the normalised
+GPU (or CPU) model, with its entry in ~/.asv-machine.json written or
+refreshed with the device keys, exactly as `python -m kernels bench` does. So
+a fresh machine needs no `asv machine` questions, and results land in
+.asv/results/<model>/ whichever command made them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from pathlib import Path
+
+from asv.console import log
+from asv.machine import Machine
+from asv.plugins.virtualenv import Virtualenv
+
+PTH_NAME = "kernelperf-host-packages.pth"
+
+
+def host_package_paths() -> list[str]:
+    """The directories this Python imports third-party packages from, in order."""
+    stdlib = {Path(sysconfig.get_paths()[key]).resolve() for key in ("stdlib", "platstdlib")}
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths = []
+    for entry in [*extra, *sys.path]:
+        if not entry or not os.path.isdir(entry):
+            continue
+        resolved = Path(entry).resolve()
+        if resolved in stdlib or resolved == Path.cwd().resolve():
+            continue
+        if str(resolved) not in paths:
+            paths.append(str(resolved))
+    return paths
+
+
+# The asv commands that pick a machine (and would otherwise ask for one at a terminal).
+_MACHINE_COMMANDS = ("run", "continuous", "find", "dev", "profile")
+
+
+def _command_and_machine(argv: list[str]) -> tuple[str | None, bool]:
+    """(the asv subcommand that picks a machine, or None; whether --machine / -m was given)."""
+    command = next((word for word in argv[1:] if word in _MACHINE_COMMANDS), None)
+    given = any(w in ("--machine", "-m") or w.startswith("--machine=") for w in argv[1:])
+    return command, given
+
+
+def setup() -> None:
+    """asv's plugin hook: name the machine by its device model unless asv was told one."""
+    command, given = _command_and_machine(sys.argv)
+    if given or command is None:
+        return
+    from kernels.bench import asv_tools
+    from kernels.core import environment
+
+    environment.configure()
+    Machine.hardcoded_machine_name = asv_tools.register_machine()
+
+
+class KernelperfEnvironment(Virtualenv):
+    tool_name = "kernelperf"
+
+    def _install_requirements(self) -> None:
+        """Link the running Python's packages instead of installing any."""
+        result = self.run(["-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+        site_packages = Path(result.strip().splitlines()[-1])
+        paths = host_package_paths()
+        (site_packages / PTH_NAME).write_text("\n".join(paths) + "\n")
+        log.info(f"kernelperf environment {self.name}: linked {len(paths)} package folder(s) "
+                 f"of {sys.executable}")

@@ -1,0 +1,443 @@
+"""asv helpers: the machine name, running commits, and comparing results the right way up.
+
+`bench(revisions)` registers this machine with asv under its normalised GPU
+(or CPU) model name, so results are kept per GPU model, and runs asv on each
+revision. `run()` compares two commits' results with a verdict per row.
+
+asv 0.6 treats a larger number as worse for every benchmark, so a drop in
+TFLOP/s would read as an improvement, and `asv compare` always exits 0. Here:
+
+  time_device   lower is better; asv's own test (`asv._stats.is_different`:
+                Mann-Whitney U at p < 0.002, or 99% confidence intervals)
+                decides whether the samples differ at all, and a change must
+                also exceed `min_gap` (relative) to count: "faster" / "slower",
+                "same", or "too noisy to tell" (a large change the samples
+                cannot confirm).
+  track_*       no samples (asv keeps none for track_): higher is better for
+                TFLOP/s, GB/s, roofline fraction and speedup, lower for memory;
+                judged by ratio against `min_gap` alone, and labelled so.
+
+Exit status of `run()`: 1 if any time_device row is slower, 2 if a benchmark
+that ran on the base failed on the head, else 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import subprocess
+import time
+from pathlib import Path
+
+LOWER_IS_BETTER = {"time_device": True, "track_tflops": False, "track_gbps": False,
+                   "track_roofline": False, "track_speedup": False, "track_peak_memory": True,
+                   "track_launch": True}
+UNITS = {"time_device": "s", "track_tflops": "TFLOP/s", "track_gbps": "GB/s",
+         "track_roofline": "of roof", "track_speedup": "x", "track_peak_memory": "B",
+         "track_launch": "us (host)"}
+DEFAULT_MIN_GAP = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    value: float | None
+    samples: list[float] | None
+    stats: dict | None
+    # When asv started this benchmark (ms since the epoch, asv's own stamp): a results file
+    # keeps every benchmark's last value, so this tells the ones a given run measured.
+    started_at: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    benchmark: str
+    params: tuple[str, ...]
+    base: float | None
+    head: float | None
+    ratio: float | None
+    verdict: str
+
+
+def machine_name() -> str:
+    """asv's machine name: the normalised device model, e.g. nvidia-h100-80gb-hbm3."""
+    from kernels.core import fingerprint
+
+    return fingerprint.identity().model
+
+
+def machine_keys(device) -> dict[str, str]:
+    """The device keys asv copies from the machine file into every result (dashboard filters)."""
+    def text(value) -> str:
+        return "n/a" if value is None else str(value)
+
+    on_gpu = device.platform == "gpu"
+    return {"gpu": device.name if on_gpu else "none", "driver": text(device.driver),
+            "cuda": text(device.cuda), "sm_clock_mhz": text(device.default_sm_mhz)}
+
+
+def register_machine(name: str | None = None) -> str:
+    """Write (or refresh) this machine's entry in ~/.asv-machine.json; returns its name.
+
+    Every asv entry point ends here: `python -m kernels bench` calls it, and so does the
+    asv plugin (kernels/bench/asv_plugin.py) before plain `asv run` / `asv continuous` / `asv find`
+    pick a machine. asv copies every key of the entry into each result's params, so the
+    device keys (`machine_keys`) are in it beside asv's own six fields. Written directly,
+    not through `asv machine --yes`, which asks questions at a terminal and reports the
+    missing hostname entry as an error on the way.
+    """
+    import os
+    import platform
+
+    from asv.machine import MachineCollection
+
+    from kernels.core import fingerprint
+
+    device = fingerprint.identity()
+    name = name or device.model
+    uname = platform.uname()
+    cpu = fingerprint._cpu_name()
+    if device.platform == "gpu":
+        cpu = f"{cpu}; {device.name}, driver {device.driver}, CUDA {device.cuda}"
+    info = {"machine": name, "os": f"{uname.system} {uname.release}",
+            "arch": platform.machine(), "cpu": cpu, "num_cpu": str(os.cpu_count()),
+            "ram": str(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
+            **machine_keys(device)}
+    path = MachineCollection.get_machine_file_path()
+    try:
+        if MachineCollection.load(name) == info:
+            return name  # unchanged: leave the file alone
+    except Exception:  # no file, no entry, or a file of another asv version: write it
+        pass
+    MachineCollection.save(name, info)
+    print(f"asv machine {name!r} written to {path}", flush=True)
+    return name
+
+
+def _asv(*args: str) -> None:
+    import sys
+
+    command = [sys.executable, "-m", "asv", *args]
+    print("+ " + " ".join(command), flush=True)
+    subprocess.run(command, check=True)
+
+
+DASHBOARD_VARIABLE = "KERNELPERF_DASHBOARD_METRICS"  # perf_tests/benchmarks.py reads it
+
+
+def bench(revisions: list[str], *, bench_regex: str | None = None) -> str:
+    """Run asv's benchmarks on each revision on this machine, dashboard metrics included;
+    returns the machine name."""
+    import os
+
+    name = register_machine()
+    os.environ[DASHBOARD_VARIABLE] = "1"  # asv passes the environment to the benchmarks
+    for revision in revisions:
+        # --record-samples (asv continuous's default, not asv run's) keeps the samples that
+        # asv's Mann-Whitney test needs; without them only the 99% intervals are compared.
+        args = ["run", "--machine", name, "--show-stderr", "--record-samples",
+                f"{full_hash(revision)}^!"]
+        if bench_regex:
+            args += ["--bench", bench_regex]
+        _asv(*args)
+    return name
+
+
+def full_hash(revision: str) -> str:
+    return subprocess.run(["git", "rev-parse", "--verify", f"{revision}^{{commit}}"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def load(results_dir: str, machine: str, commit: str) -> dict[tuple[str, tuple[str, ...]], Result]:
+    """Every (benchmark, parameters) result asv stored for `commit` on `machine`."""
+    from asv import results as asv_results
+
+    found: dict[tuple[str, tuple[str, ...]], Result] = {}
+    for res in asv_results.iter_results_for_machine_and_hash(results_dir, machine, commit):
+        for key in res.get_all_result_keys():
+            started_at = res.started_at.get(key)
+            params = res.get_result_params(key)
+            combos = list(itertools.product(*params)) if params else [()]
+            values = res.get_result_value(key, params)
+            samples = res.get_result_samples(key, params)
+            stats = res.get_result_stats(key, params)
+            if not params:
+                values, samples, stats = [values], [samples], [stats]
+            for combo, value, sample, stat in zip(combos, values, samples, stats, strict=True):
+                if value is not None and isinstance(value, float) and math.isnan(value):
+                    value = None
+                found[(key, tuple(combo))] = Result(value, sample, stat, started_at)
+    return found
+
+
+def _method(benchmark: str) -> str:
+    return benchmark.rsplit(".", 1)[-1]
+
+
+def verdict(benchmark: str, base: Result | None, head: Result | None,
+            min_gap: float = DEFAULT_MIN_GAP, floor: float = 0.0) -> tuple[float | None, str]:
+    """(head / base, verdict) for one row. A change counts only beyond `min_gap` and beyond
+    `floor`, the largest shift this benchmark showed between runs of one commit."""
+    from asv import _stats
+
+    if base is None or base.value is None:
+        return None, "new" if head is not None and head.value is not None else "n/a"
+    if head is None or head.value is None:
+        return None, "FAILED on head"
+    ratio = head.value / base.value if base.value else math.inf
+    gap = max(min_gap, floor)
+    changed = ratio > 1 + gap or ratio < 1 / (1 + gap)
+    if not changed and floor > min_gap and (ratio > 1 + min_gap or ratio < 1 / (1 + min_gap)):
+        return ratio, "same (within noise floor)"
+    method = _method(benchmark)
+    lower_better = LOWER_IS_BETTER.get(method, True)
+    if method.startswith("time_"):
+        if base.stats and head.stats:  # Mann-Whitney on samples, else the 99% intervals
+            different = _stats.is_different(base.samples or None, head.samples or None,
+                                            base.stats, head.stats)
+        else:
+            different = changed
+        if not changed:
+            return ratio, "same"
+        if not different:
+            return ratio, "too noisy to tell"
+        return ratio, "slower" if ratio > 1 else "faster"
+    if not changed:
+        return ratio, "same (no samples)"
+    better = ratio < 1 if lower_better else ratio > 1
+    return ratio, ("better" if better else "worse") + " (no samples)"
+
+
+def compare(base: dict, head: dict, min_gap: float = DEFAULT_MIN_GAP,
+            floors: dict[str, float] | None = None) -> list[Row]:
+    rows = []
+    for key in sorted(set(base) | set(head)):
+        ratio, word = verdict(key[0], base.get(key), head.get(key), min_gap,
+                              (floors or {}).get(floor_key(key), 0.0))
+        if word == "n/a":
+            continue
+        b, h = base.get(key), head.get(key)
+        rows.append(Row(key[0], key[1], b.value if b else None, h.value if h else None, ratio,
+                        word))
+    return rows
+
+
+def _format(value: float | None, benchmark: str) -> str:
+    if value is None:
+        return "-"
+    unit = UNITS.get(_method(benchmark), "")
+    if unit == "s":
+        return f"{value * 1e6:.2f} us"
+    return f"{value:.3g} {unit}".strip()
+
+
+def _floor_text(row: Row, floors: dict[str, float]) -> str:
+    if not _method(row.benchmark).startswith("time_"):
+        return "-"  # track_ rows keep no samples to learn a floor from
+    floor = floors.get(floor_key((row.benchmark, row.params)))
+    return "none" if floor is None else f"{floor:.1%}"
+
+
+def render(rows: list[Row], floors: dict[str, float] | None = None) -> str:
+    """The compare table; with `floors`, a column with each time_ row's noise floor ("none"
+    where none was learned)."""
+    from kernels.core.tables import table
+
+    body = [[row.benchmark.removeprefix("benchmarks."), ", ".join(p.strip("'") for p in row.params),
+             _format(row.base, row.benchmark), _format(row.head, row.benchmark),
+             f"{row.ratio:.3f}" if row.ratio is not None else "-",
+             *([_floor_text(row, floors)] if floors else []), row.verdict] for row in rows]
+    return table(body, ["benchmark", "parameters", "base", "head", "head/base",
+                        *(["noise floor"] if floors else []), "verdict"])
+
+
+# The order rows take in the Markdown summary: what a reviewer must look at first.
+VERDICT_ORDER = ("FAILED on head", "slower", "worse (no samples)", "too noisy to tell",
+                 "faster", "better (no samples)", "new", "same (within noise floor)",
+                 "same (no samples)", "same")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render_markdown(rows: list[Row], heading: str) -> str:
+    """The verdict table as GitHub Markdown, for a pull request's job summary.
+
+    A count per verdict, then the rows that changed (failed and slower first) in one table,
+    then the unchanged rows folded in a <details> block, so a suite of hundreds of rows
+    still shows its few changes at once.
+    """
+    def rank(verdict: str) -> int:
+        return VERDICT_ORDER.index(verdict) if verdict in VERDICT_ORDER else len(VERDICT_ORDER)
+
+    def table(selected: list[Row]) -> list[str]:
+        lines = ["| verdict | benchmark | parameters | base | head | head/base |",
+                 "|---|---|---|---:|---:|---:|"]
+        for row in sorted(selected, key=lambda r: (rank(r.verdict), r.benchmark, r.params)):
+            verdict = f"**{row.verdict}**" if row.verdict in ("FAILED on head", "slower") \
+                else row.verdict
+            params = ", ".join(p.strip("'") for p in row.params)
+            lines.append(f"| {verdict} | {_cell(row.benchmark.removeprefix('benchmarks.'))} | "
+                         f"{_cell(params)} | {_format(row.base, row.benchmark)} | "
+                         f"{_format(row.head, row.benchmark)} | "
+                         + (f"{row.ratio:.3f}" if row.ratio is not None else "-") + " |")
+        return lines
+
+    counts = {word: sum(row.verdict == word for row in rows)
+              for word in sorted({row.verdict for row in rows}, key=rank)}
+    lines = [f"### {heading}", "",
+             ", ".join(f"**{n} {word}**" if word in ("FAILED on head", "slower") else
+                       f"{n} {word}" for word, n in counts.items()) or "no results", ""]
+    changed = [row for row in rows if not row.verdict.startswith("same")]
+    same = [row for row in rows if row.verdict.startswith("same")]
+    if changed:
+        lines += [*table(changed), ""]
+    if same:
+        lines += [f"<details><summary>{len(same)} unchanged</summary>", "", *table(same), "",
+                  "</details>", ""]
+    return "\n".join(lines)
+
+
+def exit_status(rows: list[Row]) -> int:
+    if any(row.verdict == "FAILED on head" for row in rows):
+        return 2
+    if any(row.verdict == "slower" for row in rows):
+        return 1
+    return 0
+
+
+def run(base_rev: str, head_rev: str, *, machine: str, results_dir: str = ".asv/results",
+        min_gap: float = DEFAULT_MIN_GAP, summary_md: str | None = None) -> int:
+    """Compare two commits' results on `machine` and print the verdict table; its exit status.
+    With `summary_md`, the table is also appended to that file as Markdown (render_markdown;
+    the pull-request workflow passes $GITHUB_STEP_SUMMARY)."""
+    base_hash, head_hash = full_hash(base_rev), full_hash(head_rev)
+    if base_hash == head_hash:
+        return _same_commit(base_rev, head_rev, head_hash, machine, results_dir)
+    base = load(results_dir, machine, base_hash)
+    head = load(results_dir, machine, head_hash)
+    if not base or not head:
+        missing = [rev for rev, found in ((base_rev, base), (head_rev, head)) if not found]
+        raise SystemExit(f"no asv results on machine {machine!r} for {', '.join(missing)} in "
+                         f"{results_dir}; run `make bench-compare BASE={base_rev}` first")
+    floors = load_floors(machine, results_dir)
+    rows = compare(base, head, min_gap, floors)
+    print(f"machine {machine}: {base_rev} ({base_hash[:8]}) -> {head_rev} ({head_hash[:8]}); "
+          f"changes under {min_gap:.0%} count as same" +
+          (f", and under each benchmark's noise floor ({len(floors)} learned)" if floors else
+           "; no noise floors learned here (`python -m kernels noise-floor`)"))
+    print(render(rows, floors))
+    words = sorted({row.verdict for row in rows})
+    counts = {word: sum(row.verdict == word for row in rows) for word in words}
+    print("summary: " + ", ".join(f"{n} {word}" for word, n in counts.items()))
+    if summary_md:
+        heading = (f"asv on {machine}: {base_rev} ({base_hash[:8]}) -> {head_rev} "
+                   f"({head_hash[:8]})")
+        note = (f"Changes under {min_gap:.0%} count as same"
+                + (f", and under each benchmark's noise floor ({len(floors)} learned)."
+                   if floors else "."))
+        with open(summary_md, "a") as out:
+            out.write(render_markdown(rows, heading) + "\n" + note + "\n\n")
+    return exit_status(rows)
+
+
+def _same_commit(base_rev: str, head_rev: str, commit: str, machine: str,
+                 results_dir: str) -> int:
+    """Base and head are one commit: asv keeps one result per commit, so there is nothing to
+    compare (every ratio would read 1.000). Say so and list the commit's values."""
+    from kernels.core.tables import table
+
+    print(f"machine {machine}: {base_rev} and {head_rev} are the same commit ({commit[:8]}): "
+          "nothing to compare (asv keeps one result per commit); its values follow. "
+          "`make noise-floor` compares runs of one commit.")
+    results = load(results_dir, machine, commit)
+    if not results:
+        raise SystemExit(f"no asv results on machine {machine!r} for {head_rev} in "
+                         f"{results_dir}; run `make bench` first")
+    print(table([[key[0].removeprefix("benchmarks."), ", ".join(p.strip("'") for p in key[1]),
+                  _format(result.value, key[0])]
+                 for key, result in sorted(results.items()) if result.value is not None],
+                ["benchmark", "parameters", "value"]))
+    return 0
+
+
+# Noise floors: the largest relative shift of each time_ benchmark's value between asv runs of
+# one commit on this machine, learned by `python -m kernels noise-floor` and kept beside the
+# results. Processes on a shared machine can differ by 10-25% (seen on a 2-core CPU VM, where
+# asv's tests on 100 samples a side then call an unchanged commit slower); a change must
+# exceed the floor to count. A floor comes only from runs that measured that benchmark: asv's
+# results file for a commit keeps the last value of every benchmark, so a run narrowed by
+# --bench would otherwise read the others' unchanged values as a 0.0% floor.
+
+def floor_key(key: tuple[str, tuple[str, ...]]) -> str:
+    return f"{key[0]}({', '.join(key[1])})"
+
+
+def floors_path(machine: str, results_dir: str = ".asv/results") -> Path:
+    """Beside asv's results folder, not in it: asv reads every JSON file there as a result."""
+    return Path(results_dir).parent / "noise-floors" / f"{machine}.json"
+
+
+def measured_since(results: dict, since_ms: float) -> dict:
+    """The rows of `results` (from `load`) that asv started at or after `since_ms`."""
+    return {key: result for key, result in results.items()
+            if result.started_at is not None and result.started_at >= since_ms}
+
+
+def floors_from_runs(runs: list[dict]) -> dict[str, float]:
+    """Per time_ benchmark row, max/min - 1 of its values over `runs` (results of one commit,
+    each holding only the rows that run measured); rows measured fewer than twice get none."""
+    values: dict[str, list[float]] = {}
+    for results in runs:
+        for key, result in results.items():
+            if _method(key[0]).startswith("time_") and result.value:
+                values.setdefault(floor_key(key), []).append(result.value)
+    return {name: max(v) / min(v) - 1 for name, v in values.items() if len(v) > 1}
+
+
+def _floors_file(machine: str, results_dir: str) -> dict:
+    path = floors_path(machine, results_dir)
+    return json.loads(path.read_text()) if path.exists() else {"floors": {}}
+
+
+def load_floors(machine: str, results_dir: str = ".asv/results") -> dict[str, float]:
+    return _floors_file(machine, results_dir)["floors"]
+
+
+def learn_floors(revision: str, runs: int, *, bench_regex: str | None = None,
+                 results_dir: str = ".asv/results") -> dict[str, float]:
+    """Run asv `runs` times on `revision` and store the noise floor of each time_ row measured
+    in at least two of the runs; floors learned before for other rows are kept as they were.
+    Returns the floors learned by this call."""
+    if runs < 2:
+        raise ValueError(f"runs: expected at least 2 runs of one commit, got {runs}")
+    commit = full_hash(revision)
+    seen = []
+    for index in range(runs):
+        print(f"noise floor: run {index + 1} of {runs} on {revision} ({commit[:8]})", flush=True)
+        since_ms = int(time.time() * 1000)
+        machine = bench([revision], bench_regex=bench_regex)
+        seen.append(measured_since(load(results_dir, machine, commit), since_ms))
+    floors = floors_from_runs(seen)
+    stored = _floors_file(machine, results_dir)
+    kept = {name: floor for name, floor in stored["floors"].items() if name not in floors}
+    learned = {name: entry for name, entry in stored.get("learned", {}).items() if name in kept}
+    learned.update({name: {"commit": commit, "runs": runs} for name in floors})
+    path = floors_path(machine, results_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"floors": {**kept, **floors}, "learned": learned}, indent=1))
+    from kernels.core.tables import table
+
+    timed = sorted({floor_key(key) for run in seen for key in run
+                    if _method(key[0]).startswith("time_")})
+    rows = [[name.removeprefix("benchmarks."),
+             f"{floors[name]:.1%}" if name in floors else "none (measured in fewer than 2 runs)",
+             "learned now" if name in floors else "-"] for name in timed if name not in kept]
+    rows += [[name.removeprefix("benchmarks."), f"{floor:.1%}",
+              f"kept (commit {str(learned.get(name, {}).get('commit', '?'))[:8]})"]
+             for name, floor in sorted(kept.items())]
+    print(table(rows, ["benchmark", "noise floor", "source"]))
+    print(f"wrote {path}: {len(floors)} learned now, {len(kept)} kept from earlier runs")
+    return floors

@@ -1,0 +1,33 @@
+"""The kernelperf command line: `python -m kernels COMMAND` (list, check, time, roofline,
+bench, compare, profile, memory, hlo, tune, ...; `--help` lists them all).
+
+One module per command group, each with an `add_commands(sub)` that registers its commands
+and returns name -> handler: check (list, check), bench (bench, compare, noise-floor,
+gate-power), measure (time, roofline, plot-roofline, ceilings, verify-timing), profile
+(profile, memory, hlo, bottleneck) and tune. Nothing in the package below imports this one.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from kernels.cli import arguments
+from kernels.core import environment, validation
+
+
+def main(argv: list[str] | None = None) -> int:
+    environment.configure()
+    from kernels.cli import bench, check, measure, profile, tune
+
+    parser = arguments.Parser(prog="python -m kernels", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    commands = {}
+    for group in (check, bench, measure, profile, tune):
+        commands.update(group.add_commands(sub))
+    args = parser.parse_args(argv)
+    try:
+        return commands[args.command](args)
+    except validation.UserError as error:
+        # A user's mistake, not a bug: one line, no traceback.
+        print(f"{parser.prog} {args.command}: error: {error}", file=sys.stderr)
+        return 2

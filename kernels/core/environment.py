@@ -1,0 +1,52 @@
+"""Process-wide settings that must be made before JAX or Triton is imported.
+
+Call `configure()` first thing (conftest.py, the CLI and the asv benchmarks do).
+It decides, without importing any framework, whether this machine has an NVIDIA
+GPU, and if not: Triton runs in its interpreter and JAX exposes 8 host devices
+for sharding. Everywhere, JAX allocates GPU memory on demand.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+HOST_DEVICE_COUNT = 8
+FORCE_CPU_VARIABLE = "KERNELPERF_FORCE_CPU"
+
+
+def nvidia_gpu_present() -> bool:
+    """Whether the NVIDIA driver exposes a GPU, checked without importing CUDA libraries."""
+    if os.environ.get(FORCE_CPU_VARIABLE, "") not in ("", "0"):
+        return False
+    return bool(glob.glob("/dev/nvidia[0-9]*")) or bool(glob.glob("/proc/driver/nvidia/gpus/*"))
+
+
+def configure() -> None:
+    """Set TRITON_INTERPRET, XLA_FLAGS and JAX's allocation mode for this machine; idempotent."""
+    # torch shares the GPU with JAX throughout the suite (baselines, Triton and CUDA kernels),
+    # and every xdist worker is a JAX process: JAX's default, 75% of the GPU reserved per
+    # process, would starve them. A value the user set is kept.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    if not nvidia_gpu_present():
+        # Read by triton at import time: it must be set before anything imports triton.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        # A CPU JAX otherwise has no CUDA backend to probe; keep it from trying.
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    flag = f"--xla_force_host_platform_device_count={HOST_DEVICE_COUNT}"
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {flag}".strip()
+
+
+def xdist_workers() -> int:
+    """Processes of this pytest run sharing the machine: its xdist workers, or 1."""
+    return max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (its affinity mask, where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1

@@ -1,0 +1,651 @@
+"""Device-time measurement: one path for every implementation, on GPU and CPU.
+
+`measure(impl, case)` makes the case's inputs, places them for the
+implementation, compiles and warms up outside the timed region, then takes
+samples until the noise allows a verdict, and returns a `Measurement`.
+
+How a sample is taken (the `method` every result names):
+
+  "cupti"        the default on a GPU, for every framework (JAX, torch, Triton,
+                 the ctypes CUDA kernels): kernel time from CUPTI, recorded as
+                 `jax.experimental.mosaic.gpu.profiler.measure` does (see
+                 `compat.CuptiSession`); a sample is the sum of the durations
+                 of the kernels one call launched, and nothing else: not the
+                 L2 flush, not the GPU idling while the host launches.
+  "cuda-events"  torch / Triton on a GPU, only when asked for
+                 (KERNELPERF_TORCH_TIMER=cuda-events) or where CUPTI cannot be
+                 had (then with a warning): a CUDA event pair around one call,
+                 as `triton.testing.do_bench` does. It also counts the GPU
+                 waiting for Python to launch (a 357 us Triton kernel read
+                 610 us on an H100, a 2 us one 105 us).
+  "host-clock"   the CPU, a GPU JAX without CUPTI, or JAX inputs sharded over
+                 several devices: perf_counter around one
+                 call that waits for its result. On a GPU this includes
+                 dispatch overhead (a 1.8 us kernel read 38.9 us), so it is
+                 labelled, never passed off as device time.
+
+Results taken by different methods are not compared (`comparable`): a
+speedup or a roofline over mixed clocks would measure the clocks.
+
+Host launch cost per call (Python launchers, autograd, ctypes, argument
+checks) is real but is not device time: `launch_overhead` measures it apart,
+as the host time to issue a run of calls back to back without waiting.
+
+Regimes: "cold" (default) writes exactly the L2 size (the last-level cache
+size on CPU) into a scratch buffer before every sample, outside the timed
+span, so the cache does not hold the inputs; "hot" runs calls back to back.
+
+How many samples: as nvbench does, samples are taken in growing batches until
+the coefficient of variation is under `max_noise` (0.5%) after at least
+`min_samples` samples and `min_time_s` of measured time ("converged"), or the
+wall-time budget is spent ("time-budget"), or `max_samples` are taken
+("max-samples"). The SM clock is read around every batch; samples taken while
+it ran well below its default are flagged as throttled, and kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from kernels.core import checking, fingerprint, frameworks, registry
+
+REGIMES = ("cold", "hot")
+WARMUP_CALLS = 3
+CPU_CACHE_FALLBACK_BYTES = 32 << 20
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StoppingRule:
+    """When to stop sampling (nvbench's criteria: noise after a minimum time, or a timeout)."""
+
+    min_samples: int = 20
+    min_time_s: float = 0.02  # measured time the samples must add up to before converging
+    max_noise: float = 0.005  # coefficient of variation that counts as converged
+    time_budget_s: float = 3.0  # wall time, overheads (flushes, dispatch) included
+    max_samples: int = 10_000
+    max_batch: int = 1000
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_samples <= self.max_samples:
+            raise ValueError(f"min_samples: expected 1 <= min_samples <= max_samples "
+                             f"({self.max_samples}), got {self.min_samples}")
+        if self.time_budget_s <= 0 or self.max_noise <= 0:
+            raise ValueError(f"time_budget_s and max_noise: expected > 0, got "
+                             f"{self.time_budget_s}, {self.max_noise}")
+
+
+class Sampler(Protocol):
+    def take(self, n: int) -> list[float]:
+        """n samples of one call's time, in seconds."""
+
+
+def coefficient_of_variation(samples: Sequence[float]) -> float:
+    if len(samples) < 2:
+        return float("inf")
+    mean = statistics.fmean(samples)
+    return statistics.stdev(samples) / mean if mean > 0 else float("inf")
+
+
+def collect(sampler: Sampler, rule: StoppingRule,
+            clock: Callable[[], float] = time.perf_counter) -> tuple[list[float], str]:
+    """Samples from `sampler` until `rule` says stop; (samples, stop reason)."""
+    samples: list[float] = []
+    start = clock()
+    batch = rule.min_samples
+    while True:
+        samples += sampler.take(min(batch, rule.max_samples - len(samples)))
+        if (len(samples) >= rule.min_samples and sum(samples) >= rule.min_time_s
+                and coefficient_of_variation(samples) <= rule.max_noise):
+            return samples, "converged"
+        if clock() - start >= rule.time_budget_s:
+            return samples, "time-budget"
+        if len(samples) >= rule.max_samples:
+            return samples, "max-samples"
+        batch = min(rule.max_batch, len(samples))  # double the count each round
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """The timing of one (implementation, case, direction): statistics, samples, how and where."""
+
+    label: str  # e.g. "softmax-xla f32-4096x4096 fwd"
+    median_s: float
+    min_s: float
+    max_s: float
+    cv: float  # coefficient of variation of the samples
+    repeats: int
+    samples: tuple[float, ...]
+    method: str  # "cupti", "cuda-events" or "host-clock"
+    regime: str  # "cold" or "hot"
+    stop_reason: str  # "converged", "time-budget" or "max-samples"
+    sm_clock_mhz: tuple[int | None, ...]  # per sample: the lower of the reads around its batch
+    throttled: tuple[bool, ...]  # per sample
+    fingerprint: dict[str, Any]
+
+    @classmethod
+    def from_samples(cls, samples: Sequence[float], *, clocks: Sequence[int | None] = (),
+                     throttled: Sequence[bool] = (), **fields: Any) -> Measurement:
+        if not samples:
+            raise ValueError("samples: expected at least one, got none")
+        return cls(median_s=statistics.median(samples), min_s=min(samples), max_s=max(samples),
+                   cv=coefficient_of_variation(samples), repeats=len(samples),
+                   samples=tuple(float(s) for s in samples),
+                   sm_clock_mhz=tuple(clocks) or (None,) * len(samples),
+                   throttled=tuple(throttled) or (False,) * len(samples), **fields)
+
+    @property
+    def throttled_count(self) -> int:
+        return sum(self.throttled)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        if not np.isfinite(out["cv"]):
+            out["cv"] = None  # JSON has no infinity
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Measurement:
+        data = dict(data)
+        data["cv"] = float("inf") if data["cv"] is None else data["cv"]
+        for key in ("samples", "sm_clock_mhz", "throttled"):
+            data[key] = tuple(data[key])
+        return cls(**data)
+
+
+class DeviceClock:
+    """A clock that advances only by device-time samples, for harnesses that read their own
+    timer (asv's `timer`, pytest-benchmark's): `advance(s)` moves it by one sample;
+    `load(samples)` queues a measurement's samples and each `step()` (one round of
+    pytest-benchmark's `pedantic`) advances it by the next, so the round's duration, timer()
+    after minus before, is exactly that sample.
+    """
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._pending: list[float] = []
+
+    def read(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def load(self, samples: Sequence[float]) -> None:
+        self.now = 0.0  # small values keep (now + s) - now exact to ~1e-16 s
+        self._pending = list(reversed(samples))
+
+    def step(self) -> None:
+        if not self._pending:
+            raise RuntimeError("DeviceClock: no device samples left; pedantic ran more rounds "
+                               "than the measurement has samples")
+        self.now += self._pending.pop()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+
+@dataclasses.dataclass(frozen=True)
+class Timeable:
+    """What to time: `fn(*args)` in `framework` ("jax" or "torch"), and whether on a GPU."""
+
+    label: str
+    framework: str
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    on_gpu: bool
+
+
+def _cotangent(out_shape: Sequence[int], dtype: Any, seed: int) -> np.ndarray:
+    from kernels.core import dtypes
+
+    rng = np.random.default_rng(seed + 1_000_003)
+    return rng.standard_normal(tuple(out_shape)).astype(dtypes.to_numpy(dtypes.short_name(dtype)))
+
+
+def prepare(impl: registry.Implementation, case: registry.Case, *, direction: str = "fwd",
+            seed: int = 0, inputs: tuple[np.ndarray, ...] | None = None) -> Timeable:
+    """Inputs made and placed for `impl`; for "bwd", the forward run once and its VJP to time.
+
+    The backward times only the pullback (jax.vjp's function / torch.autograd.grad
+    over a retained graph) with a random cotangent, not the forward again.
+    `inputs` (numpy, from `checking.make_inputs`) saves remaking large ones.
+    """
+    registry.check_direction(direction)
+    op = registry.operation(impl.op)
+    if not registry.has_direction(impl, direction):
+        raise ValueError(f"direction: {impl.id} has no backward; expected 'fwd', got 'bwd'")
+    fw = frameworks.framework(impl.framework)
+    if inputs is None:
+        inputs = checking.make_inputs(op, case, seed, "normal")
+    args = impl.place(case, fw.from_numpy(inputs))
+    kwargs = case.kwargs
+    label = f"{impl.id} {case.id} {direction}"
+    if impl.framework == "jax":
+        import jax
+
+        from kernels.core import compat
+
+        forward = functools.partial(impl.fn, **kwargs)
+        if direction == "fwd":
+            return Timeable(label, "jax", _jit(forward), args, compat.on_gpu())
+        out, pullback = jax.vjp(forward, *args)
+        cotangent = jax.numpy.asarray(_cotangent(out.shape, out.dtype, seed))
+        return Timeable(label, "jax", _jit(_apply), (pullback, cotangent), compat.on_gpu())
+
+    import torch
+
+    on_gpu = torch.cuda.is_available()
+    if direction == "fwd":
+        return Timeable(label, "torch", functools.partial(impl.fn, **kwargs), args, on_gpu)
+    leaves = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
+    out = impl.fn(*leaves, **kwargs)
+    cotangent = frameworks.numpy_to_torch(_cotangent(out.shape, out.dtype, seed), out.device.type)
+    wrt = [leaf for leaf in leaves if leaf.requires_grad]
+    backward = functools.partial(torch.autograd.grad, out, wrt, cotangent, retain_graph=True)
+    return Timeable(label, "torch", backward, (), on_gpu)
+
+
+def _apply(pullback, cotangent):
+    return pullback(cotangent)
+
+
+def _jit(fn):
+    import jax
+
+    return fn if hasattr(fn, "lower") else jax.jit(fn)
+
+
+def callable_timeable(label: str, fn: Callable[..., Any], framework: str,
+                      args: tuple[Any, ...] = ()) -> Timeable:
+    """`fn(*args)` in torch or JAX as a Timeable (ceilings use it). JAX arrays must come as
+    `args`, never closed over: a jitted closure embeds them as constants, and XLA folds
+    what it can (the negation of a captured array of ones became a write-only fill that
+    read as twice the copy bandwidth)."""
+    if framework == "torch":
+        import torch
+
+        return Timeable(label, "torch", fn, args, torch.cuda.is_available())
+    from kernels.core import compat
+
+    return Timeable(label, "jax", _jit(fn), args, compat.on_gpu())
+
+
+def l2_bytes(device: fingerprint.Fingerprint) -> int:
+    """Bytes a cold-regime flush writes: the GPU's L2, or the CPU's largest cache."""
+    if device.platform == "gpu":
+        if not device.l2_bytes:
+            raise RuntimeError(f"cannot flush L2 on {device.name}: its L2 size is unknown "
+                               f"(needs torch to read it); use regime='hot'")
+        return device.l2_bytes
+    sizes = []
+    for index in range(8):
+        try:
+            with open(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size") as size_file:
+                text = size_file.read().strip()
+        except OSError:
+            break
+        scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+        sizes.append(int(text.rstrip("KM")) * scale)
+    return max(sizes, default=CPU_CACHE_FALLBACK_BYTES)
+
+
+class _ClockedSampler:
+    """Wraps a sampler: reads the SM clock around each batch and flags throttled samples."""
+
+    def __init__(self, inner: Sampler, device: fingerprint.Fingerprint):
+        self.inner, self.device = inner, device
+        self.clocks: list[int | None] = []
+        self.throttled: list[bool] = []
+        self.first_clocks = self.last_clocks = None
+
+    def take(self, n: int) -> list[float]:
+        before = fingerprint.read_clocks()
+        samples = self.inner.take(n)
+        after = fingerprint.read_clocks()
+        self.first_clocks = self.first_clocks or before
+        self.last_clocks = after
+        reads = [c.sm_mhz for c in (before, after) if c is not None and c.sm_mhz is not None]
+        low = min(reads) if reads else None
+        self.clocks += [low] * len(samples)
+        self.throttled += [self.device.is_throttled(fingerprint.Clocks(sm_mhz=low))] * len(samples)
+        return samples
+
+    def reset(self) -> None:
+        self.clocks, self.throttled = [], []
+        self.first_clocks = self.last_clocks = None
+
+
+class _HostSampler:
+    """perf_counter around one call that waits for the result."""
+
+    def __init__(self, call: Callable[[], Any], flush: Callable[[], Any] | None):
+        self.call, self.flush = call, flush
+
+    def take(self, n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            if self.flush:
+                self.flush()
+            start = time.perf_counter()
+            self.call()
+            out.append(time.perf_counter() - start)
+        return out
+
+
+class _CudaEventSampler:
+    """CUDA events around each call on the current stream; the flush sits before the start event."""
+
+    def __init__(self, call: Callable[[], Any], flush: Callable[[], Any] | None):
+        self.call, self.flush = call, flush
+
+    def take(self, n: int) -> list[float]:
+        import torch
+
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        for start, end in zip(starts, ends, strict=True):
+            if self.flush:
+                self.flush()
+            start.record()
+            self.call()
+            end.record()
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) * 1e-3 for start, end in zip(starts, ends, strict=True)]
+
+
+class _CuptiSampler:
+    """Kernel time from CUPTI: per call, the sum of the durations of the kernels it launched.
+
+    Every sample is recorded in a session of its own, so a call may launch a
+    different number of kernels each time (autograd, XLA autotuning left
+    over) and torch's autograd worker thread is recorded like any other. In
+    the cold regime the flush is dispatched inside the session right before
+    the call, with no wait between them (as `triton.testing.do_bench` and the
+    profilers run them: a pause there lets the L2 write back the flush's dirty
+    lines, which changes what a kernel of a few microseconds meets); its kernels, learned by
+    recording the flush alone, come first and are left out of the sum.
+
+    call: runs the timed code once; flush: writes the L2 (or None, hot), without
+    waiting; wait(last): blocks until the last dispatched work is done.
+    """
+
+    def __init__(self, call: Callable[[], Any], flush: Callable[[], Any] | None,
+                 wait: Callable[[Any], Any], session, label: str = "call"):
+        self.call, self.flush, self.wait, self.session = call, flush, wait, session
+        self.label = label
+        # Compile (and let XLA autotune, which launches kernels of its own) before any recording.
+        wait(call())
+        self.flush_names: list[str] = []
+        if flush is not None:
+            wait(flush())
+            self.flush_names = [name for name, _ in self._record(flush_only=True)]
+            if not self.flush_names:
+                raise RuntimeError("CUPTI recorded no kernel for the L2 flush")
+
+    def _record(self, flush_only: bool = False) -> list[tuple[str, float]]:
+        self.session.start()
+        try:
+            last = self.flush() if self.flush is not None else None
+            if not flush_only:
+                last = self.call()
+            self.wait(last)
+        finally:
+            kernels = self.session.stop()
+        return kernels
+
+    def take(self, n: int) -> list[float]:
+        samples = []
+        skip = len(self.flush_names)
+        for _ in range(n):
+            kernels = self._record()
+            if [name for name, _ in kernels[:skip]] != self.flush_names:
+                raise RuntimeError(f"CUPTI: expected the call to follow the flush's kernels "
+                                   f"{self.flush_names}, got {[name for name, _ in kernels]}")
+            if len(kernels) == skip:
+                raise RuntimeError(
+                    f"CUPTI recorded no kernel for {self.label}: it launches none (a "
+                    f"device-to-device memcpy or a host-only call is no kernel to CUPTI); time "
+                    f"it with KERNELPERF_TORCH_TIMER=cuda-events or on the host clock")
+            samples.append(sum(ms for _, ms in kernels[skip:]) * 1e-3)
+        return samples
+
+
+# torch / Triton / ctypes CUDA on a GPU: "cupti" (the default, the clock JAX is timed by) or
+# "cuda-events" (asked for; also counts the GPU idling while the host launches, which
+# dominates kernels of a few microseconds: a 256x1024 softmax, 2.6 us by CUPTI, 18-105 us
+# by events).
+TORCH_TIMER_VARIABLE = "KERNELPERF_TORCH_TIMER"
+TORCH_TIMERS = ("cupti", "cuda-events")
+
+
+def torch_timer() -> str:
+    """The method asked for torch-side implementations on a GPU (KERNELPERF_TORCH_TIMER)."""
+    choice = os.environ.get(TORCH_TIMER_VARIABLE, "") or "cupti"
+    if choice not in TORCH_TIMERS:
+        raise ValueError(f"{TORCH_TIMER_VARIABLE}: expected one of {TORCH_TIMERS}, got "
+                         f"{choice!r}")
+    return choice
+
+
+@functools.cache
+def _warn_no_cupti(framework: str, fallback: str) -> None:
+    """Once per process and framework: loud, since the numbers are then not device time."""
+    message = (f"kernelperf: CUPTI is not available here (it comes with jax's CUDA plugin, "
+               f"through its Mosaic GPU extension): {framework} is timed by {fallback}, "
+               f"which counts launch gaps; such results say method={fallback!r} and are not "
+               f"compared with CUPTI ones")
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    print(message, file=sys.stderr, flush=True)
+
+
+def spans_devices(args: Any) -> bool:
+    """Whether any JAX array in `args` is laid out over several devices. CUPTI sums kernel
+    durations over every device and stream, counting overlapped transfers and products
+    twice, so such calls are timed by the host clock (wall time)."""
+    import jax
+
+    return any(len(leaf.sharding.device_set) > 1 for leaf in jax.tree.leaves(args)
+               if isinstance(leaf, jax.Array))
+
+
+def make_sampler(timeable: Timeable, regime: str,
+                 device: fingerprint.Fingerprint) -> tuple[_ClockedSampler, str]:
+    """A sampler for `timeable` in `regime`, and the method it measures by."""
+    if regime not in REGIMES:
+        raise ValueError(f"regime: expected one of {REGIMES}, got {regime!r}")
+    flush_bytes = l2_bytes(device) if regime == "cold" else None
+    call = functools.partial(timeable.fn, *timeable.args)
+    if timeable.framework == "jax":
+        import jax
+
+        from kernels.core import compat
+
+        session = None
+        if timeable.on_gpu and not spans_devices(timeable.args):
+            session = compat.cupti_session()
+            if session is None:
+                _warn_no_cupti("jax", "host-clock")
+        if session is not None:
+            flush = jax_flush(flush_bytes, wait=False) if flush_bytes else None
+            inner = _CuptiSampler(call, flush, jax.block_until_ready, session, timeable.label)
+            return _ClockedSampler(inner, device), "cupti"
+        flush = jax_flush(flush_bytes) if flush_bytes else None
+        inner = _HostSampler(lambda: jax.block_until_ready(call()), flush)
+        return _ClockedSampler(inner, device), "host-clock"
+    if timeable.framework == "torch" and timeable.on_gpu:
+        import torch
+
+        from kernels.core import compat
+
+        flush = torch_flush(flush_bytes) if flush_bytes else None
+        cupti = torch_timer() == "cupti"
+        session = compat.cupti_session() if cupti else None
+        if cupti and session is None:
+            _warn_no_cupti("torch", "cuda-events")
+        if session is not None:
+            inner = _CuptiSampler(call, flush, lambda _: torch.cuda.synchronize(), session,
+                                  timeable.label)
+            return _ClockedSampler(inner, device), "cupti"
+        return _ClockedSampler(_CudaEventSampler(call, flush), device), "cuda-events"
+    flush = numpy_flush(flush_bytes) if flush_bytes else None
+    return _ClockedSampler(_HostSampler(call, flush), device), "host-clock"
+
+
+def comparable(*measurements: Measurement) -> str | None:
+    """None if every measurement was taken by the same method, else why they cannot be
+    compared (a speedup or a roofline across clocks measures the clocks)."""
+    methods = sorted({m.method for m in measurements})
+    if len(methods) <= 1:
+        return None
+    labels = ", ".join(f"{m.label}: {m.method}" for m in measurements)
+    return (f"taken by different clocks ({labels}); time every one by the same method "
+            f"(KERNELPERF_TORCH_TIMER) to compare them")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Speedup:
+    """Our median against the fastest baseline's, among the baselines timed by our clock.
+
+    best: that baseline's name, None when no baseline shares the clock; value: its median
+    over ours (above 1: ours is faster); other_clock: the baselines timed by another
+    method, left out (a ratio across clocks measures the clocks).
+    """
+
+    best: str | None
+    value: float | None
+    other_clock: tuple[str, ...]
+
+
+def speedup(ours: Measurement, baselines: Mapping[str, Measurement], *,
+            across_clocks: bool = False) -> Speedup:
+    """The one computation of "speedup over the best baseline" (floor verdicts, the time
+    table, asv's track_speedup); `across_clocks` compares every baseline whatever its clock
+    (the CLI's --mixed-clocks, said beside the number)."""
+    same = {name: m for name, m in baselines.items()
+            if across_clocks or m.method == ours.method}
+    other = tuple(name for name in baselines if name not in same)
+    if not same:
+        return Speedup(best=None, value=None, other_clock=other)
+    best = min(same, key=lambda name: same[name].median_s)
+    return Speedup(best=best, value=same[best].median_s / ours.median_s, other_clock=other)
+
+
+def torch_flush(nbytes: int) -> Callable[[], Any]:
+    import torch
+
+    buffer = torch.empty(nbytes, dtype=torch.int8, device="cuda")
+    return buffer.zero_
+
+
+def jax_flush(nbytes: int, wait: bool = True) -> Callable[[], Any]:
+    import jax
+    import jax.numpy as jnp
+
+    write = jax.jit(lambda token: jnp.broadcast_to(token, (nbytes // 4,)))
+    if not wait:
+        return functools.partial(write, jnp.int32(1))
+    return lambda: jax.block_until_ready(write(jnp.int32(1)))
+
+
+def numpy_flush(nbytes: int) -> Callable[[], Any]:
+    buffer = np.empty(nbytes, dtype=np.int8)
+    return functools.partial(buffer.fill, 1)
+
+
+def default_rule(device: fingerprint.Fingerprint) -> StoppingRule:
+    """The CPU's host clock is noisier and its calls slower: a shorter budget there."""
+    budget = float(os.environ.get("KERNELPERF_TIME_BUDGET", "3.0" if device.platform == "gpu"
+                                  else "1.0"))
+    return StoppingRule(time_budget_s=budget)
+
+
+def time_timeable(timeable: Timeable, *, regime: str = "cold", rule: StoppingRule | None = None,
+                  device: fingerprint.Fingerprint | None = None) -> Measurement:
+    """Warm up (compiling), then sample `timeable` until `rule` stops; the Measurement."""
+    device = device or fingerprint.fingerprint()
+    rule = rule or default_rule(device)
+    sampler, method = make_sampler(timeable, regime, device)
+    sampler.take(WARMUP_CALLS)
+    sampler.reset()
+    samples, reason = collect(sampler, rule)
+    identity = device.to_dict()
+    identity["clocks_before"] = dataclasses.asdict(sampler.first_clocks) \
+        if sampler.first_clocks else None
+    identity["clocks_after"] = dataclasses.asdict(sampler.last_clocks) \
+        if sampler.last_clocks else None
+    return Measurement.from_samples(samples, clocks=sampler.clocks, throttled=sampler.throttled,
+                                    label=timeable.label, method=method, regime=regime,
+                                    stop_reason=reason, fingerprint=identity)
+
+
+# Calls issued back to back per launch-overhead sample: enough to amortise the timer, few
+# enough that the launch queue (about a thousand launches) never fills and blocks the host.
+LAUNCH_CALLS = 20
+
+
+class _LaunchSampler:
+    """Host seconds per call to issue `calls` calls back to back without waiting for them.
+
+    The device is idle when each sample starts and is waited for after it, outside the timed
+    span, so the number is what Python, autograd, ctypes and argument checks cost per call
+    (dispatch, not device time), as a pipelined loop pays it.
+    """
+
+    def __init__(self, call: Callable[[], Any], wait: Callable[[Any], Any], calls: int):
+        self.call, self.wait, self.calls = call, wait, calls
+
+    def take(self, n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            last = None
+            start = time.perf_counter()
+            for _ in range(self.calls):
+                last = self.call()
+            out.append((time.perf_counter() - start) / self.calls)
+            self.wait(last)
+        return out
+
+
+def launch_overhead(timeable: Timeable, *, rule: StoppingRule | None = None,
+                    device: fingerprint.Fingerprint | None = None,
+                    calls: int = LAUNCH_CALLS) -> Measurement:
+    """Host launch cost per call of `timeable` (method "host-launch"); never device time."""
+    device = device or fingerprint.fingerprint()
+    rule = rule or default_rule(device)
+    if timeable.framework == "jax":
+        import jax
+
+        wait = jax.block_until_ready
+    elif timeable.on_gpu:
+        import torch
+
+        def wait(_):
+            torch.cuda.synchronize()
+    else:
+        def wait(_):
+            return None
+    sampler = _LaunchSampler(functools.partial(timeable.fn, *timeable.args), wait, calls)
+    sampler.take(WARMUP_CALLS)
+    samples, reason = collect(sampler, rule)
+    return Measurement.from_samples(samples, label=timeable.label, method="host-launch",
+                                    regime="hot", stop_reason=reason,
+                                    fingerprint=device.to_dict())
+
+
+def measure(impl: registry.Implementation, case: registry.Case, direction: str = "fwd",
+            regime: str = "cold", *, rule: StoppingRule | None = None, seed: int = 0,
+            inputs: tuple[np.ndarray, ...] | None = None) -> Measurement:
+    """Time `impl` on `case` in `direction` ("fwd" or "bwd") on this machine's device."""
+    return time_timeable(prepare(impl, case, direction=direction, seed=seed, inputs=inputs),
+                         regime=regime, rule=rule)

@@ -1,0 +1,120 @@
+"""How the kernel tests share a machine: device-memory estimates per case, xdist groups, and
+how many workers one GPU can hold.
+
+Every check of a case needs the same inputs and reference (kernels.core.checking's cache), so
+the items of one case form one xdist group (`--dist loadgroup` sends a group to one
+worker) and run back to back. JAX's allocator never hands memory back to the device, so
+a worker keeps the peak of the largest item it ran: the few cases whose reference needs
+tens of GiB (real-size attention) all go to one group, hence one worker, and the worker
+count is what the GPU holds with that worker at its peak and every other worker at the
+peak of the largest remaining case. Items over several devices form one group too, so
+two of them never share the GPUs at once.
+
+Workers allocate with JAX's platform allocator (conftest.py), which hands memory
+back as arrays die. Items that time the device skip under several workers (see
+kernels.bench.perfcheck.parallel_reason): `pytest -m perf` runs them in one process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from kernels.core import devices, dtypes, environment, fingerprint, registry
+
+HEAVY_GROUP = "gpu-memory-heavy"
+MULTI_DEVICE_GROUP = "several-devices"
+# A case whose estimate passes this goes to the heavy group.
+HEAVY_BYTES = 12 * 2**30
+# Share of the GPU the workers may fill together: CUDA contexts, cuBLAS/cuDNN workspaces
+# and fragmentation of the allocators' pools take the rest.
+CAPACITY_FRACTION = 0.85
+# CUDA context, cuBLAS and cuDNN handles of the JAX and torch in one worker process.
+CONTEXT_BYTES = 1.5 * 2**30
+MAX_WORKERS = 8
+WORKERS_VARIABLE = "KERNELPERF_TEST_WORKERS"
+# Float32 copies of what the backward touches, alive together at a check's peak: the
+# reference (jitted forward, VJP, magnitudes), the implementation's output and gradients,
+# the cached reference and the pristine inputs.
+COPIES = 4
+
+
+def estimated_bytes(op: registry.Operation, case: registry.Case) -> float:
+    """Device bytes one check of `case` may hold at its peak.
+
+    COPIES float32 copies of the bytes the backward moves (inputs, output, cotangent,
+    gradients: the work model's "bwd" bytes, rescaled from the case dtype to float32), plus
+    what the reference holds beyond them (`Operation.reference_bytes`).
+    """
+    itemsize = dtypes.to_numpy(case.dtype).itemsize
+    base = COPIES * op.work(case, "bwd").bytes * 4 / itemsize
+    return base + (op.reference_bytes(case) if op.reference_bytes else 0.0)
+
+
+def group(op: registry.Operation, impl: registry.Implementation, case: registry.Case,
+          machine: devices.Machine) -> str:
+    """The xdist group of the items of (impl, case): the case, or one of the shared groups."""
+    if machine.has_gpu:
+        if impl.devices_for(case) > 1:
+            return MULTI_DEVICE_GROUP
+        if estimated_bytes(op, case) > HEAVY_BYTES:
+            return HEAVY_GROUP
+    return f"{op.name}-{case.id}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The worker count for a GPU of `gpu_bytes`, and why."""
+
+    workers: int
+    gpu_bytes: int
+    heavy_bytes: float  # the largest estimate in the heavy group (0 if none)
+    light_bytes: float  # the largest estimate outside it
+    cpus: int
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"workers: expected >= 1, got {self.workers}")
+
+    def describe(self) -> str:
+        return (f"{self.workers} xdist workers for a {self.gpu_bytes / 2**30:.0f} GiB GPU: one may "
+                f"hold {self.heavy_bytes / 2**30:.1f} GiB (the heavy group), the others "
+                f"{self.light_bytes / 2**30:.1f} GiB each, plus "
+                f"{CONTEXT_BYTES / 2**30:.1f} GiB of context per process, within "
+                f"{CAPACITY_FRACTION:.0%}; {self.cpus} CPUs")
+
+
+def plan(gpu_bytes: int, estimates: list[tuple[str, float]], cpus: int) -> Plan:
+    """Workers that fit `gpu_bytes` given (group, estimated bytes) of the runnable items:
+    one worker at the heavy group's peak, the rest at the largest other estimate, each
+    with its context; at most half the CPUs (compiles run on them) and MAX_WORKERS."""
+    heavy = max((b for g, b in estimates if g == HEAVY_GROUP), default=0.0)
+    light = max((b for g, b in estimates if g != HEAVY_GROUP), default=0.0)
+    capacity = CAPACITY_FRACTION * gpu_bytes
+    if heavy:
+        capacity -= heavy + CONTEXT_BYTES
+    by_memory = (1 if heavy else 0) + max(0, math.floor(capacity / (light + CONTEXT_BYTES)))
+    workers = max(1, min(by_memory, max(1, cpus // 2), MAX_WORKERS))
+    return Plan(workers=workers, gpu_bytes=gpu_bytes, heavy_bytes=heavy, light_bytes=light,
+                cpus=cpus)
+
+
+def runnable_estimates(machine: devices.Machine) -> list[tuple[str, float]]:
+    """(group, estimated bytes) of every registered (implementation, case) this machine runs."""
+    estimates = []
+    for op in registry.operations():
+        for impl in registry.implementations(op.name):
+            for case in op.cases:
+                if devices.case_unavailable_reason(impl, case, machine) is None:
+                    estimates.append((group(op, impl, case, machine), estimated_bytes(op, case)))
+    return estimates
+
+
+def auto_workers(machine: devices.Machine) -> Plan | None:
+    """The plan for this GPU machine; None without a GPU or where its memory is unknown."""
+    if not machine.has_gpu:
+        return None
+    total = fingerprint.gpu_memory_bytes()
+    if total is None:
+        return None
+    return plan(total, runnable_estimates(machine), environment.cpu_count())
