@@ -5,29 +5,38 @@ slowdowns."""
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable
 
-from kernels.bench import asv_tools, gate
+from kernels.bench import asv_tools, breakdown, confirm, gate
 from kernels.cli.arguments import revision
 from kernels.core import validation
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """asv on HEAD (and the base, if given), then the compare table; its exit status."""
+    """asv on HEAD (and the base, if given), then the compare table (slower rows confirmed
+    by an interleaved re-measurement) and where the time went; its exit status."""
     revisions = [args.base, args.head] if args.base else [args.head]
     if args.base and asv_tools.full_hash(args.base) == asv_tools.full_hash(args.head):
         revisions = [args.head]  # a second asv run of one commit would overwrite the first
+    started = time.time()
     machine = asv_tools.bench(revisions, bench_regex=args.bench)
-    if not args.base:
-        return 0
-    return asv_tools.run(args.base, args.head, machine=machine, min_gap=args.min_gap,
-                         summary_md=args.summary_md)
+    asv_wall = time.time() - started
+    status = 0
+    if args.base:
+        status = asv_tools.run(args.base, args.head, machine=machine, min_gap=args.min_gap,
+                               summary_md=args.summary_md, confirm_rounds=args.confirm_rounds)
+    report = breakdown.report(started, asv_wall)
+    if report:
+        print(f"asv on {len(revisions)} commit(s) took {asv_wall:.0f} s; " + report)
+    print(f"kernels bench: {time.time() - started:.0f} s in all", flush=True)
+    return status
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     machine = args.machine or asv_tools.machine_name()
     return asv_tools.run(args.base, args.head, machine=machine, min_gap=args.min_gap,
-                         summary_md=args.summary_md)
+                         summary_md=args.summary_md, confirm_rounds=args.confirm_rounds)
 
 
 def cmd_noise_floor(args: argparse.Namespace) -> int:
@@ -86,8 +95,16 @@ def add_commands(sub) -> dict[str, Callable[[argparse.Namespace], int]]:
             sub_parser.add_argument("base", type=revision)
             sub_parser.add_argument("head", type=revision, nargs="?", default="HEAD")
             sub_parser.add_argument("--machine", help="asv machine (default: this device model)")
-        sub_parser.add_argument("--min-gap", type=validation.nonnegative_float, default=0.05,
-                                help="relative change below which rows count as same")
+        sub_parser.add_argument("--min-gap", type=validation.nonnegative_float,
+                                default=asv_tools.DEFAULT_MIN_GAP,
+                                help="relative change below which time rows count as same "
+                                "where their noise allows (default 1%%; each row's gap widens "
+                                "with its samples' spread and learned noise floor)")
+        sub_parser.add_argument("--confirm-rounds", type=validation.nonnegative_int,
+                                default=confirm.ROUNDS if name == "bench" else 0,
+                                help="interleaved re-measurements of base and head that a "
+                                "slower row must survive (default: 3 for bench, 0 for "
+                                "compare; 0 skips)")
         sub_parser.add_argument("--summary-md", metavar="PATH", help="also append the verdict "
                                 "table as Markdown to PATH (e.g. $GITHUB_STEP_SUMMARY)")
     floor = sub.add_parser("noise-floor", help="run asv repeatedly on one commit; store each "

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import statistics
 import sys
@@ -94,6 +95,34 @@ def coefficient_of_variation(samples: Sequence[float]) -> float:
         return float("inf")
     mean = statistics.fmean(samples)
     return statistics.stdev(samples) / mean if mean > 0 else float("inf")
+
+
+# Two-sided 99% normal quantile, and the large-sample standard error of a median in units of
+# sigma / sqrt(n) (sqrt(pi / 2): the median of normal samples is that much less efficient
+# than their mean).
+Z99 = 2.5758
+MEDIAN_SE_FACTOR = 1.2533
+
+
+def robust_cv(samples: Sequence[float]) -> float:
+    """Spread of `samples` relative to their median, as a standard deviation estimated from the
+    median absolute deviation (1.4826 MAD): a few outliers (an interrupt, a clock step) do not
+    widen it as they widen the plain coefficient of variation. inf for fewer than 2 samples."""
+    if len(samples) < 2:
+        return float("inf")
+    middle = statistics.median(samples)
+    if middle <= 0:
+        return float("inf")
+    mad = statistics.median(abs(s - middle) for s in samples)
+    return 1.4826 * mad / middle
+
+
+def median_halfwidth(samples: Sequence[float], z: float = Z99) -> float:
+    """Half-width of the confidence interval of the samples' median, relative to it: z times
+    the median's standard error (normal approximation, spread from `robust_cv`). The
+    benchmarks sample until this is well inside the smallest change the gate must see."""
+    return z * MEDIAN_SE_FACTOR * robust_cv(samples) / math.sqrt(len(samples)) \
+        if len(samples) >= 2 else float("inf")
 
 
 def collect(sampler: Sampler, rule: StoppingRule,
