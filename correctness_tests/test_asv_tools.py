@@ -325,3 +325,20 @@ def test_compare_of_a_commit_with_itself_says_so(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "main and HEAD are the same commit (cccccccc): nothing to compare" in out
     assert "1.000" not in out and "Softmax.time_device" in out
+
+
+def test_throughputs_are_as_noisy_as_the_device_time_they_come_from():
+    """TFLOP/s, GB/s, roofline and speedup are the time row's median inverted: a change that
+    is noise in time_device is noise in them too; the host launch cost is never gated."""
+    params = ("'xla'",)
+    base = {(TIME, params): _timed(1e-3, 3e-4, n=7),
+            ("benchmarks.Softmax.track_gbps", params): _tracked(100.0),
+            ("benchmarks.Softmax.track_launch", params): _tracked(10.0)}
+    head = {(TIME, params): _timed(1e-3, 3e-4, n=7, seed=1),
+            ("benchmarks.Softmax.track_gbps", params): _tracked(80.0),
+            ("benchmarks.Softmax.track_launch", params): _tracked(12.0)}
+    rows = {row.benchmark.rsplit(".", 1)[-1]: row for row in asv_tools.compare(base, head)}
+    assert rows["track_gbps"].gap == rows["time_device"].gap > 0.25
+    assert rows["track_gbps"].verdict == "same (within sample noise)"
+    assert rows["track_launch"].verdict == "same (within host noise)"
+    assert asv_tools.exit_status(list(rows.values())) == 0

@@ -52,6 +52,10 @@ DEFAULT_MIN_GAP = 0.01
 NOISE_SIGMAS = 4.0
 # The smallest change the gate is asked to see; rows that cannot resolve it are listed.
 TARGET_CHANGE = 0.02
+# Numbers computed from time_device's median (so as noisy as it, whatever their direction).
+FROM_DEVICE_TIME = ("track_tflops", "track_gbps", "track_roofline", "track_speedup")
+# The host's launch cost per call moves with the machine's load; it is recorded, never gated.
+HOST_GAP = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,8 +272,10 @@ def verdict(benchmark: str, base: Result | None, head: Result | None,
 
     changed = beyond(bar.gap)
     if not changed and bar.gap > min_gap and beyond(min_gap):
-        return ratio, ("same (within noise floor)" if bar.why and bar.why.startswith("learned")
-                       else "same (within sample noise)")
+        why = bar.why or ""
+        return ratio, ("same (within noise floor)" if "learned" in why else
+                       "same (within host noise)" if why.startswith("host") else
+                       "same (within sample noise)")
     method = _method(benchmark)
     lower_better = LOWER_IS_BETTER.get(method, True)
     if method.startswith("time_"):
@@ -292,15 +298,25 @@ def verdict(benchmark: str, base: Result | None, head: Result | None,
 def compare(base: dict, head: dict, min_gap: float = DEFAULT_MIN_GAP,
             floors: dict[str, float] | None = None) -> list[Row]:
     rows = []
-    for key in sorted(set(base) | set(head)):
+    time_bars = {}
+    for key in sorted(set(base) | set(head), key=lambda k: not _method(k[0]).startswith("time_")):
         b, h = base.get(key), head.get(key)
         bar = threshold(key[0], b, h, min_gap, (floors or {}).get(floor_key(key), 0.0))
+        method, suite = _method(key[0]), key[0].rsplit(".", 1)[0]
+        if method == "time_device":
+            time_bars[(suite, key[1])] = bar
+        elif method in FROM_DEVICE_TIME and (suite, key[1]) in time_bars:
+            timed = time_bars[(suite, key[1])]
+            if timed.gap > bar.gap:
+                bar = Threshold(timed.gap, f"device time's: {timed.why}")
+        elif method == "track_launch" and HOST_GAP > bar.gap:
+            bar = Threshold(HOST_GAP, "host clock, moves with the machine's load")
         ratio, word = verdict(key[0], b, h, min_gap, gap=bar)
         if word == "n/a":
             continue
         rows.append(Row(key[0], key[1], b.value if b else None, h.value if h else None, ratio,
                         word, gap=bar.gap, why=bar.why))
-    return rows
+    return sorted(rows, key=lambda row: (row.benchmark, row.params))
 
 
 def _format(value: float | None, benchmark: str) -> str:
@@ -367,6 +383,7 @@ def resolution(rows: list[Row], target: float = TARGET_CHANGE) -> str:
 VERDICT_ORDER = ("FAILED on head", "slower", "worse (no samples)", "too noisy to tell",
                  "faster", "better (no samples)", "new", "same (not confirmed)",
                  "same (within noise floor)", "same (within sample noise)",
+                 "same (within host noise)",
                  "same (no samples)", "same")
 
 
