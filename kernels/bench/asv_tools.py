@@ -439,7 +439,7 @@ def exit_status(rows: list[Row]) -> int:
 
 def run(base_rev: str, head_rev: str, *, machine: str, results_dir: str = ".asv/results",
         min_gap: float = DEFAULT_MIN_GAP, summary_md: str | None = None,
-        confirm_rounds: int = 0) -> int:
+        confirm_rounds: int = 0, json_path: str | None = None) -> int:
     """Compare two commits' results on `machine` and print the verdict table; its exit status.
     With `confirm_rounds`, every "slower" row is measured again in that many interleaved
     rounds of base and head before it counts (kernels.bench.confirm). With `summary_md`, the
@@ -467,6 +467,9 @@ def run(base_rev: str, head_rev: str, *, machine: str, results_dir: str = ".asv/
            "; no noise floors learned here (`python -m kernels noise-floor`)"))
     print(render(rows, floors))
     print(resolution(rows))
+    if json_path:
+        Path(json_path).write_text(json.dumps([dataclasses.asdict(row) for row in rows],
+                                              indent=1))
     words = sorted({row.verdict for row in rows})
     counts = {word: sum(row.verdict == word for row in rows) for word in words}
     print("summary: " + ", ".join(f"{n} {word}" for word, n in counts.items()))

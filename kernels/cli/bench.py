@@ -25,7 +25,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     status = 0
     if args.base:
         status = asv_tools.run(args.base, args.head, machine=machine, min_gap=args.min_gap,
-                               summary_md=args.summary_md, confirm_rounds=args.confirm_rounds)
+                               summary_md=args.summary_md, confirm_rounds=args.confirm_rounds,
+                               json_path=args.json)
     report = breakdown.report(started, asv_wall)
     if report:
         print(f"asv on {len(revisions)} commit(s) took {asv_wall:.0f} s; " + report)
@@ -36,12 +37,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     machine = args.machine or asv_tools.machine_name()
     return asv_tools.run(args.base, args.head, machine=machine, min_gap=args.min_gap,
-                         summary_md=args.summary_md, confirm_rounds=args.confirm_rounds)
+                         summary_md=args.summary_md, confirm_rounds=args.confirm_rounds,
+                         json_path=args.json)
 
 
 def cmd_noise_floor(args: argparse.Namespace) -> int:
     asv_tools.learn_floors(args.revision, args.runs, bench_regex=args.bench)
     return 0
+
+
+def cmd_gate_power(args: argparse.Namespace) -> int:
+    try:
+        settings = gate.Settings(families=tuple(args.families), ops=tuple(args.ops),
+                                 sizes=args.sizes, trials=args.trials,
+                                 aa_trials=args.aa_trials, factor=args.factor,
+                                 speedup=not args.no_speedup,
+                                 confirm_rounds=args.confirm_rounds)
+    except ValueError as error:
+        raise validation.UserError(str(error)) from None
+    return gate.main_flow(settings, keep=args.keep)
 
 
 def _fractions(text: str) -> tuple[float, ...]:
@@ -50,34 +64,29 @@ def _fractions(text: str) -> tuple[float, ...]:
                        for v in text.split(",") if v)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated fractions or percentages (0.05,10%), got {text!r}") \
+            f"expected comma-separated fractions or percentages (0.02,3%), got {text!r}") \
             from None
     return values
 
 
-def cmd_gate_power(args: argparse.Namespace) -> int:
-    try:
-        settings = gate.Settings(families=tuple(args.families), sizes=args.sizes,
-                                 trials=args.trials, aa_trials=args.aa_trials,
-                                 factor=args.factor, speedup=not args.no_speedup, case=args.case)
-    except ValueError as error:
-        raise validation.UserError(str(error)) from None
-    return gate.main_flow(settings, keep=args.keep)
-
-
 def _add_gate_power(sub) -> None:
-    gate_power = sub.add_parser("gate-power", help="plant slowdowns in a scratch clone and measure "
-                          "what asv continuous and the compare catch")
+    gate_power = sub.add_parser("gate-power", help="plant slowdowns in a scratch clone and "
+                                "measure what kernels bench (and asv's own test) catch")
     gate_power.add_argument("--families", nargs="+", default=list(gate.FAMILIES),
-                      help=f"kernel families to plant in (default: {' '.join(gate.FAMILIES)})")
+                            help=f"kernel families to plant in (default: "
+                            f"{' '.join(gate.FAMILIES)})")
+    gate_power.add_argument("--ops", nargs="+", default=list(gate.OPS),
+                            help=f"operations to plant in (default: {' '.join(gate.OPS)})")
     gate_power.add_argument("--sizes", type=_fractions, default=gate.DEFAULT_SIZES,
-                      help="planted slowdowns, e.g. 5%%,10%% (default)")
+                            help="planted slowdowns, e.g. 2%%,3%% (default)")
     gate_power.add_argument("--trials", type=int, default=3, help="trials per plant size")
-    gate_power.add_argument("--aa-trials", dest="aa_trials", type=int, default=5)
-    gate_power.add_argument("--factor", type=float, default=1.05, help="asv continuous -f")
-    gate_power.add_argument("--case", help=f"softmax case (default: {gate.BENCH_CASE})")
+    gate_power.add_argument("--aa-trials", dest="aa_trials", type=int, default=1)
+    gate_power.add_argument("--factor", type=float, default=1.02,
+                            help="the asv continuous -f whose marks are shown beside")
+    gate_power.add_argument("--confirm-rounds", type=int, default=3,
+                            help="kernels bench's interleaved re-measurements (0: none)")
     gate_power.add_argument("--no-speedup", dest="no_speedup", action="store_true",
-                      help="skip the reverted-plant speed-up trial")
+                            help="skip the reverted-plant speed-up trial")
     gate_power.add_argument("--keep", action="store_true", help="keep the scratch clone")
 
 
@@ -105,6 +114,8 @@ def add_commands(sub) -> dict[str, Callable[[argparse.Namespace], int]]:
                                 help="interleaved re-measurements of base and head that a "
                                 "slower row must survive (default: 3 for bench, 0 for "
                                 "compare; 0 skips)")
+        sub_parser.add_argument("--json", metavar="PATH", help="also write every row (verdict, "
+                                "gap, re-measured ratios) to PATH as JSON")
         sub_parser.add_argument("--summary-md", metavar="PATH", help="also append the verdict "
                                 "table as Markdown to PATH (e.g. $GITHUB_STEP_SUMMARY)")
     floor = sub.add_parser("noise-floor", help="run asv repeatedly on one commit; store each "
