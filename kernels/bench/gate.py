@@ -35,6 +35,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -218,7 +219,7 @@ def run_trial(repo: pathlib.Path, label: str, base: str, head: str, plants: tupl
     operations and cases; its verdicts, and asv's own marks on the same results."""
     from kernels.bench import asv_tools
 
-    rows_file = repo / ".asv" / f"gate-{label.replace(' ', '_').replace('%', 'pc')}.json"
+    rows_file = repo / ".asv" / f"gate-{re.sub(r'[^A-Za-z0-9.-]+', '_', label)}.json"
     regex = "|".join(sorted({_benchmark_class(plant.op) for plant in plants}))
     command = [sys.executable, "-m", "kernels", "bench", "--base", base, "--head", head,
                "--bench", f"({regex})\\.time_device", "--json", str(rows_file),
