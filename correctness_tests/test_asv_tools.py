@@ -254,19 +254,23 @@ def test_a_benchmark_replays_the_samples_its_operation_was_measured_with(monkeyp
     benchmarks._REPLAY.clear()
 
 
-def test_a_failed_parameter_set_fails_its_benchmark(monkeypatch, tmp_path):
+def test_a_skipped_parameter_set_skips_and_a_failed_one_fails(monkeypatch, tmp_path):
     import perf_tests.benchmarks as benchmarks
     from perf_tests import measuring
 
     monkeypatch.setenv("ASV_ENV_DIR", str(tmp_path))
     benchmarks._records.cache_clear()
     journal = benchmarks._cache_dir() / "softmax.jsonl"
-    for key in benchmarks._keys(benchmarks.Softmax):
-        measuring.append(journal, {"event": "failed", "key": measuring.key_id(key),
-                                   "reason": "timed out: no result after 121 s (limit 120 s)"})
-    key = benchmarks._keys(benchmarks.Softmax)[0]
+    first, second, *rest = benchmarks._keys(benchmarks.Softmax)
+    measuring.append(journal, {"event": "failed", "key": measuring.key_id(first),
+                               "reason": "timed out: no result after 121 s (limit 120 s)"})
+    for key in (second, *rest):
+        measuring.append(journal, {"event": "skipped", "key": measuring.key_id(key),
+                                   "reason": "needs a CUDA GPU"})
     with pytest.raises(RuntimeError, match="timed out: no result after 121 s"):
-        benchmarks.Softmax().setup(*key[1:])
+        benchmarks.Softmax().setup(*first[1:])
+    with pytest.raises(NotImplementedError, match="needs a CUDA GPU"):
+        benchmarks.Softmax().setup(*second[1:])
     benchmarks._records.cache_clear()
 
 

@@ -170,10 +170,15 @@ def test_a_worker_that_cannot_start_fails_every_key_once(tmp_path: Path):
 
 
 def test_the_real_worker_measures_a_cpu_case(tmp_path: Path):
-    """The worker this file runs, on the `kernels` of this checkout: samples, phases, peak."""
+    """The worker this file runs, on the `kernels` of this checkout: samples, phases, peak;
+    what cannot run here is skipped with the reason (the benchmark processes start no
+    backend to find out)."""
     journal = tmp_path / "softmax.jsonl"
     key = ("softmax", "xla", "f32-64x1000", "fwd")
-    record = measuring.ensure_measured([key], journal, log=lambda _: None)[key]
+    cuda = ("softmax", "cuda", "f32-64x1000", "fwd")
+    records = measuring.ensure_measured([cuda, key], journal, log=lambda _: None)
+    assert records[cuda]["event"] == "skipped" and "GPU" in records[cuda]["reason"]
+    record = records[key]
     assert record["event"] == "done", record
     assert len(record["samples"]) >= measuring.CPU_SAMPLING.min_samples
     assert record["method"] == "host-clock" and record["peak_bytes"] > 0

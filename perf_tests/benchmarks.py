@@ -61,8 +61,7 @@ from kernels import compilation_cache  # noqa: E402
 
 compilation_cache.enable()  # $KERNELPERF_COMPILATION_CACHE=off disables it
 
-from kernels import asv_tools, devices, fingerprint, registry, timing  # noqa: E402
-from kernels.roofline import ceilings, model  # noqa: E402
+from kernels import asv_tools, devices, registry, timing  # noqa: E402
 
 from . import measuring  # noqa: E402
 
@@ -120,26 +119,6 @@ def bench_cases(op: registry.Operation) -> list[registry.Case]:
             if _wanted(c.id, "KERNELPERF_BENCH_CASES")]
 
 
-def _unavailable(impl: registry.Implementation, case: registry.Case,
-                 direction: str) -> str | None:
-    """Why this parameter set cannot run here (asv: skipped), or None."""
-    reason = devices.case_unavailable_reason(impl, case)
-    if reason is None and not registry.has_direction(impl, direction):
-        reason = "no backward"
-    return reason
-
-
-def _resolve(op_name: str, impl_name: str, case_id: str, direction: str):
-    """(impl, case) for a benchmark's parameters; NotImplementedError (asv: skipped) if it
-    cannot run here."""
-    impl = registry.implementation(op_name, impl_name)
-    case = registry.operation(op_name).case(case_id)
-    reason = _unavailable(impl, case, direction)
-    if reason:
-        raise NotImplementedError(reason)
-    return impl, case
-
-
 def _cache_dir() -> pathlib.Path:
     """Where this asv run keeps its measurements: per environment, commit and run.
 
@@ -154,17 +133,11 @@ def _cache_dir() -> pathlib.Path:
 
 
 def _keys(cls) -> list[measuring.Key]:
-    """The parameter sets of a benchmark class that can run here, cases grouped (each case's
-    inputs are made once)."""
+    """The parameter sets of a benchmark class, cases grouped (each case's inputs are made
+    once); the worker skips those this machine cannot run."""
     impls, cases, directions = cls.params
-    keys = []
-    for case_id in cases:
-        case = registry.operation(cls.op_name).case(case_id)
-        for impl_name in impls:
-            impl = registry.implementation(cls.op_name, impl_name)
-            keys += [(cls.op_name, impl_name, case_id, d) for d in directions
-                     if _unavailable(impl, case, d) is None]
-    return keys
+    return [(cls.op_name, impl, case, d) for case in cases for impl in impls
+            for d in directions]
 
 
 @functools.cache
@@ -176,8 +149,11 @@ def _records(cls) -> dict:
 
 
 def record(cls, impl_name: str, case_id: str, direction: str) -> dict:
-    """This parameter set's record; RuntimeError (asv: failed) if measuring it failed."""
+    """This parameter set's record; NotImplementedError (asv: skipped) if it cannot run here,
+    RuntimeError (asv: failed) if measuring it failed."""
     found = _records(cls)[(cls.op_name, impl_name, case_id, direction)]
+    if found["event"] == "skipped":
+        raise NotImplementedError(found["reason"])
     if found["event"] == "failed":
         raise RuntimeError(f"{cls.op_name}-{impl_name} {case_id} {direction}: "
                            f"{found['reason']}")
@@ -197,13 +173,6 @@ def _skip(reason: str) -> None:
     except ImportError:  # called outside asv (tests)
         raise NotImplementedError(reason) from None
     raise SkipNotImplemented(reason)
-
-
-def _placement(impl, case, direction, seconds) -> model.Placement:
-    sheet, measured = ceilings.for_device(fingerprint.fingerprint())
-    chosen = measured or sheet
-    return model.place(registry.operation(impl.op).work(case, direction), seconds, chosen,
-                       case.dtype, devices=impl.devices_for(case))
 
 
 def _median(samples) -> float:
@@ -226,7 +195,10 @@ class _OperationBenchmarks:
     timeout = 3600
 
     def setup(self, impl_name: str, case_id: str, direction: str) -> None:
-        self.impl, self.case = _resolve(self.op_name, impl_name, case_id, direction)
+        # Registry lookups only: a benchmark process starts no JAX backend and no CUDA context
+        # (a second each, a thousand times over); the worker decided what runs here.
+        self.impl = registry.implementation(self.op_name, impl_name)
+        self.case = registry.operation(self.op_name).case(case_id)
         self.direction = direction
         self.record = record(type(self), impl_name, case_id, direction)
         key = (impl_name, case_id, direction)
@@ -267,7 +239,8 @@ class _DashboardMetrics:
     track_gbps.unit = "GB/s"
 
     def track_roofline(self, *params) -> float:
-        return _placement(self.impl, self.case, self.direction, self._seconds()).fraction
+        fraction = self.record.get("roofline")
+        return float("nan") if fraction is None else fraction
 
     track_roofline.unit = "fraction of roofline"
 

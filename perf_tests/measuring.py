@@ -22,14 +22,17 @@ its case's bytes; a worker that runs past it, dies (a segfault, an abort) or rep
 exception (after which a CUDA context may be unusable) is replaced, the parameter set in
 flight is recorded as failed with a one-line reason, and the rest are measured by the new
 worker. The journal is appended and flushed line by line, so what was measured survives an
-interrupted run.
+interrupted run. Whether a parameter set can run on this machine is decided by the worker too
+(`skipped`), so the benchmark processes never start a JAX backend or a CUDA context.
 
 Journal lines (JSON, one object each), read by `read_journal` and by `kernels.bench`:
   {"event": "worker", "pid", "process_s", "backend_s"}   a worker started and is ready
   {"event": "start", "key"}                               a parameter set begins
   {"event": "done", "key", "samples", "method", "stop", "throttled", "peak_bytes",
-   "launch_us", "phases": {"inputs", "compile", "warmup", "sampling", "memory", "launch"}}
+   "launch_us", "roofline", "phases": {"inputs", "compile", "warmup", "sampling", "memory",
+   "launch"}}
   {"event": "failed", "key", "reason"}
+  {"event": "skipped", "key", "reason"}                  it cannot run here (asv: n/a)
 
 This file runs against the `kernels` of every benchmarked commit, older layouts included: it
 imports the flat names every commit has (kernels.registry, kernels.timing, ...) and uses the
@@ -51,7 +54,7 @@ from pathlib import Path
 
 # A parameter set: (operation, implementation, case id, direction).
 Key = tuple[str, str, str, str]
-FINAL_EVENTS = ("done", "failed")
+FINAL_EVENTS = ("done", "failed", "skipped")
 # After a worker dies, how much of its stderr a failure's reason quotes (its last error line).
 _ERROR_WORDS = ("Error", "error", "CUDA", "Fatal", "Abort", "Segmentation")
 # Worker exit status after it reported an exception: the supervisor starts a fresh one, since
@@ -367,12 +370,31 @@ def _measure(key: Key, inputs: tuple, device, dashboard: bool) -> dict:
             use = memory.measure(impl, case, direction, live=False)
         peak = float(use.compiled_peak_bytes)
     lap("memory")
-    launch = None
+    launch = roofline = None
     if dashboard:
-        launch = timing.launch_overhead(timeable).median_s * 1e6
+        launch = timing.launch_overhead(timeable, rule=LAUNCH_RULE(timing)).median_s * 1e6
+        roofline = _roofline(impl, case, direction, _median(samples), device)
     lap("launch")
     return {"samples": samples, "method": method, "stop": stop, "throttled": throttled,
-            "peak_bytes": peak, "launch_us": launch, "phases": phases}
+            "peak_bytes": peak, "launch_us": launch, "roofline": roofline, "phases": phases}
+
+
+def LAUNCH_RULE(timing):  # noqa: N802 - a constant made from the commit's timing module
+    """Host launch cost is a dashboard number, not gated: a fraction of a second of it."""
+    return timing.StoppingRule(min_samples=10, time_budget_s=0.25)
+
+
+def _roofline(impl, case, direction: str, seconds: float, device) -> float | None:
+    """Fraction of the roofline (the device's measured ceilings, else its datasheet's)."""
+    from kernels import registry
+    from kernels.roofline import ceilings, model
+
+    sheet, measured = ceilings.for_device(device)
+    chosen = measured or sheet
+    if chosen is None:
+        return None
+    return model.place(registry.operation(impl.op).work(case, direction), seconds, chosen,
+                       case.dtype, devices=impl.devices_for(case)).fraction
 
 
 def _one_line(error: BaseException) -> str:
@@ -389,7 +411,7 @@ def worker(journal: Path, keys: Sequence[Key], dashboard: bool) -> int:
     from kernels import environment
 
     environment.configure()
-    from kernels import checking, fingerprint, registry
+    from kernels import checking, devices, fingerprint, registry
 
     try:
         from kernels import compilation_cache
@@ -403,9 +425,17 @@ def worker(journal: Path, keys: Sequence[Key], dashboard: bool) -> int:
                      - backend_s, "backend_s": backend_s})
     made: tuple[str, str, tuple] | None = None  # (op, case id, inputs): one case at a time
     for key in keys:
+        op, impl_name, case_id, direction = key
+        reason = devices.case_unavailable_reason(registry.implementation(op, impl_name),
+                                                 registry.operation(op).case(case_id))
+        if reason is None and not registry.has_direction(
+                registry.implementation(op, impl_name), direction):
+            reason = "no backward"
+        if reason:
+            append(journal, {"event": "skipped", "key": key_id(key), "reason": reason})
+            continue
         append(journal, {"event": "start", "key": key_id(key)})
         try:
-            op, _, case_id, _ = key
             inputs_s = 0.0
             if made is None or made[:2] != (op, case_id):
                 made = None
