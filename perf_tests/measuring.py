@@ -338,7 +338,7 @@ def _backend_start(keys: Sequence[Key]) -> float:
 
 def _measure(key: Key, inputs: tuple, device, dashboard: bool) -> dict:
     """One parameter set, timed phase by phase."""
-    from kernels import memory, registry, timing
+    from kernels import registry, timing
 
     op, impl_name, case_id, direction = key
     impl = registry.implementation(op, impl_name)
@@ -362,26 +362,37 @@ def _measure(key: Key, inputs: tuple, device, dashboard: bool) -> dict:
     samples, stop = collect_samples(sampler.take, rule, getattr(timing, "median_halfwidth", None))
     throttled = sum(sampler.throttled)
     lap("sampling")
-    peak = None
-    if impl.framework == "jax":
-        try:
-            use = memory.measure(impl, case, direction, live=False, inputs=inputs)
-        except TypeError:  # an older kernels.memory makes its own inputs
-            use = memory.measure(impl, case, direction, live=False)
-        peak = float(use.compiled_peak_bytes)
+    peak = _compiled_peak_bytes(timeable) if impl.framework == "jax" else None
     lap("memory")
     launch = roofline = None
     if dashboard:
-        launch = timing.launch_overhead(timeable, rule=LAUNCH_RULE(timing)).median_s * 1e6
+        launch = _launch_us(timing, timeable)
         roofline = _roofline(impl, case, direction, _median(samples), device)
     lap("launch")
     return {"samples": samples, "method": method, "stop": stop, "throttled": throttled,
             "peak_bytes": peak, "launch_us": launch, "roofline": roofline, "phases": phases}
 
 
-def LAUNCH_RULE(timing):  # noqa: N802 - a constant made from the commit's timing module
-    """Host launch cost is a dashboard number, not gated: a fraction of a second of it."""
-    return timing.StoppingRule(min_samples=10, time_budget_s=0.25)
+# Host launch cost is a dashboard number, never gated: a few samples of a few calls each (a
+# 10 ms attention backward at the default 20 calls x 13 samples took 2.6 s per parameter set).
+LAUNCH_SAMPLES = 3
+LAUNCH_CALLS = 5
+LAUNCH_BUDGET_S = 0.1
+
+
+def _launch_us(timing, timeable) -> float:
+    rule = timing.StoppingRule(min_samples=LAUNCH_SAMPLES, time_budget_s=LAUNCH_BUDGET_S)
+    return timing.launch_overhead(timeable, rule=rule, calls=LAUNCH_CALLS).median_s * 1e6
+
+
+def _compiled_peak_bytes(timeable) -> float:
+    """The compiled program's peak device bytes (XLA's memory analysis: arguments + outputs +
+    temporaries - aliased, as kernels.guards.memory counts them) of the very program timed,
+    read from the executable compiled for the samples (no second compilation); for a backward
+    that is the pullback applied to its cotangent."""
+    analysis = timeable.fn.lower(*timeable.args).compile().memory_analysis()
+    return float(analysis.argument_size_in_bytes + analysis.output_size_in_bytes
+                 + analysis.temp_size_in_bytes - analysis.alias_size_in_bytes)
 
 
 def _roofline(impl, case, direction: str, seconds: float, device) -> float | None:
@@ -422,7 +433,7 @@ def worker(journal: Path, keys: Sequence[Key], dashboard: bool) -> int:
     backend_s = _backend_start(keys)
     device = fingerprint.fingerprint()
     append(journal, {"event": "worker", "pid": os.getpid(), "process_s": time.time() - spawned
-                     - backend_s, "backend_s": backend_s})
+                     - backend_s, "backend_s": backend_s, "t": time.time()})
     made: tuple[str, str, tuple] | None = None  # (op, case id, inputs): one case at a time
     for key in keys:
         op, impl_name, case_id, direction = key
@@ -434,7 +445,7 @@ def worker(journal: Path, keys: Sequence[Key], dashboard: bool) -> int:
         if reason:
             append(journal, {"event": "skipped", "key": key_id(key), "reason": reason})
             continue
-        append(journal, {"event": "start", "key": key_id(key)})
+        append(journal, {"event": "start", "key": key_id(key), "t": time.time()})
         try:
             inputs_s = 0.0
             if made is None or made[:2] != (op, case_id):
@@ -448,9 +459,10 @@ def worker(journal: Path, keys: Sequence[Key], dashboard: bool) -> int:
             record = _measure(key, made[2], device, dashboard)
             record["phases"]["inputs"] = inputs_s
         except Exception as error:  # noqa: BLE001 - any failure of the kernel is its record
-            append(journal, {"event": "failed", "key": key_id(key), "reason": _one_line(error)})
+            append(journal, {"event": "failed", "key": key_id(key), "reason": _one_line(error),
+                             "t": time.time()})
             return EXIT_AFTER_FAILURE
-        append(journal, {"event": "done", "key": key_id(key), **record})
+        append(journal, {"event": "done", "key": key_id(key), "t": time.time(), **record})
         gc.collect()
     return 0
 

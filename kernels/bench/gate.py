@@ -95,6 +95,9 @@ class Settings:
     factor: float = 1.02
     speedup: bool = True
     confirm_rounds: int = 3
+    # Trials against one base share its first-pass asv run (each trial's confirmation still
+    # measures base and head again, interleaved); off, every trial runs asv on both.
+    reuse_base: bool = True
 
     def __post_init__(self) -> None:
         unknown = [f for f in self.families if f not in FAMILIES]
@@ -194,11 +197,15 @@ def _benchmark_class(op: str) -> str:
 
 
 def _environment(plants: tuple[Plant, ...], platform: str) -> dict[str, str]:
-    """asv narrowed to the planted cases, forward; every implementation of them runs (the
-    unplanted ones are the trial's controls)."""
+    """asv narrowed to the planted cases, forward. On a GPU every implementation of them runs
+    (the unplanted ones are the trial's controls); on a CPU, where Pallas and Triton run
+    interpreted, the planted implementations of every planted operation."""
     cases = sorted({plant.case[platform] for plant in plants})
+    narrowed = {} if platform == "gpu" else {
+        "KERNELPERF_BENCH_FULL": "1",
+        "KERNELPERF_BENCH_IMPLS": ",".join(sorted({plant.impl for plant in plants}))}
     return dict(os.environ, KERNELPERF_BENCH_CASES=",".join(cases),
-                KERNELPERF_BENCH_DIRECTIONS="fwd", PYTHONUNBUFFERED="1")
+                KERNELPERF_BENCH_DIRECTIONS="fwd", PYTHONUNBUFFERED="1", **narrowed)
 
 
 def asv_marks_worse(base, head, factor: float) -> bool:
@@ -223,7 +230,8 @@ def run_trial(repo: pathlib.Path, label: str, base: str, head: str, plants: tupl
     regex = "|".join(sorted({_benchmark_class(plant.op) for plant in plants}))
     command = [sys.executable, "-m", "kernels", "bench", "--base", base, "--head", head,
                "--bench", f"({regex})\\.time_device", "--json", str(rows_file),
-               "--confirm-rounds", str(settings.confirm_rounds)]
+               "--confirm-rounds", str(settings.confirm_rounds),
+               *(["--reuse-base"] if settings.reuse_base else [])]
     log(f"[{label}] kernels bench --base {base[:8]} --head {head[:8]} ({regex}, "
         f"{', '.join(sorted({p.case[platform] for p in plants}))}, fwd)")
     process = subprocess.Popen(command, cwd=repo, env=_environment(plants, platform), text=True,

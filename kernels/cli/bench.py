@@ -19,6 +19,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     revisions = [args.base, args.head] if args.base else [args.head]
     if args.base and asv_tools.full_hash(args.base) == asv_tools.full_hash(args.head):
         revisions = [args.head]  # a second asv run of one commit would overwrite the first
+    if args.base and args.reuse_base and len(revisions) == 2 and asv_tools.load(
+            ".asv/results", asv_tools.machine_name(), asv_tools.full_hash(args.base)):
+        print(f"kernels bench: the base {args.base}'s asv results are reused (--reuse-base); "
+              f"a slower row's confirmation still measures it again", flush=True)
+        revisions = [args.head]
     started = time.time()
     machine = asv_tools.bench(revisions, bench_regex=args.bench)
     asv_wall = time.time() - started
@@ -52,7 +57,8 @@ def cmd_gate_power(args: argparse.Namespace) -> int:
                                  sizes=args.sizes, trials=args.trials,
                                  aa_trials=args.aa_trials, factor=args.factor,
                                  speedup=not args.no_speedup,
-                                 confirm_rounds=args.confirm_rounds)
+                                 confirm_rounds=args.confirm_rounds,
+                                 reuse_base=not args.fresh_base)
     except ValueError as error:
         raise validation.UserError(str(error)) from None
     return gate.main_flow(settings, keep=args.keep)
@@ -87,6 +93,8 @@ def _add_gate_power(sub) -> None:
                             help="kernels bench's interleaved re-measurements (0: none)")
     gate_power.add_argument("--no-speedup", dest="no_speedup", action="store_true",
                             help="skip the reverted-plant speed-up trial")
+    gate_power.add_argument("--fresh-base", dest="fresh_base", action="store_true",
+                            help="run asv on the base in every trial (default: once)")
     gate_power.add_argument("--keep", action="store_true", help="keep the scratch clone")
 
 
@@ -100,6 +108,9 @@ def add_commands(sub) -> dict[str, Callable[[argparse.Namespace], int]]:
                                     help="revision to compare against (e.g. main)")
             sub_parser.add_argument("--head", type=revision, default="HEAD")
             sub_parser.add_argument("--bench", help="asv benchmark regex (e.g. Softmax)")
+            sub_parser.add_argument("--reuse-base", action="store_true",
+                                    help="keep the base's asv results where this machine has "
+                                    "them (gate-power's trials share one base run)")
         else:
             sub_parser.add_argument("base", type=revision)
             sub_parser.add_argument("head", type=revision, nargs="?", default="HEAD")

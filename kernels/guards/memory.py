@@ -52,12 +52,9 @@ class MemoryUse:
         return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
 
 
-def program(impl: registry.Implementation, case: registry.Case, direction: str,
-            inputs: tuple[np.ndarray, ...] | None = None,
-            ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """The function to compile for `direction` and its arguments (seed 0, or the numpy
-    `inputs` given: the compiled program's memory does not depend on their values), on the
-    device."""
+def program(impl: registry.Implementation, case: registry.Case,
+            direction: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """The function to compile for `direction` and its arguments (seed 0), on the device."""
     import jax
     import jax.numpy as jnp
 
@@ -70,8 +67,7 @@ def program(impl: registry.Implementation, case: registry.Case, direction: str,
     if not registry.has_direction(impl, direction):
         raise ValueError(f"direction: {impl.id} has no backward, got 'bwd'")
     rng = np.random.default_rng(0)
-    if inputs is None:
-        inputs = op.make_inputs(case, rng, op.distributions[0])
+    inputs = op.make_inputs(case, rng, op.distributions[0])
     args = impl.place(case, frameworks.framework("jax").from_numpy(inputs))
     forward = functools.partial(impl.fn, **case.kwargs)
     if direction == "fwd":
@@ -93,19 +89,18 @@ def _bytes_in_use(device) -> tuple[int, int] | None:
 
 
 def measure(impl: registry.Implementation, case: registry.Case, direction: str = "fwd",
-            live: bool | None = None, inputs: tuple[np.ndarray, ...] | None = None) -> MemoryUse:
+            live: bool | None = None) -> MemoryUse:
     """Compiled peak, and the live peak of one run where the device reports one (GPU).
 
     live: run the program and read the allocator's high-water mark; by default
-    wherever the device keeps memory statistics. inputs: the case's numpy inputs, if made
-    already (making large ones takes seconds).
+    wherever the device keeps memory statistics.
     """
     import jax
 
     device = jax.devices()[0]
     gc.collect()
     start = _bytes_in_use(device)
-    fn, args = program(impl, case, direction, inputs)
+    fn, args = program(impl, case, direction)
     compiled = jax.jit(fn).lower(*args).compile()
     analysis = compiled.memory_analysis()
     live_peak = None
