@@ -603,7 +603,7 @@ def split_calls(events: Sequence[DeviceEvent], calls: int, *, period: int = 1,
                 f"{min_gap_ns:.0f} ns, got a boundary gap of {narrowest:.0f} ns: the calls "
                 f"overlapped or ran back to back (was each one waited for?)")
     bounds = [0, *cuts, len(ordered)]
-    groups = [tuple(ordered[a:b]) for a, b in zip(bounds, bounds[1:])]
+    groups = [tuple(ordered[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     for phase in range(period):
         counts = [len(group) for group in groups[phase::period]]
         if len(set(counts)) > 1:
