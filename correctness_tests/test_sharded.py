@@ -29,11 +29,13 @@ from kernels.sharding import meshes
 pytestmark = pytest.mark.multi_gpu
 
 CPU_MESHES = ("8x1", "4x2", "2x4")
-# On GPUs the meshes of 2 and 4 devices (those larger than the host skip, naming the need).
-GPU_MESHES = ("2x1", "1x2", "2x2", "1x4")
+# On GPUs the meshes of every device count the host holds (1xN, Nx1, 2xN/2 for N = 2, 4, 8):
+# whatever the host's GPU count, with no edits.
+GPU_MESHES = tuple(meshes.shapes_up_to(jax.device_count())) or ("1x2",)
 MESHES = CPU_MESHES if jax.default_backend() == "cpu" else GPU_MESHES
-# Meshes with both axes larger than 1 where there are enough devices.
-MODEL_MESHES = ("4x2", "2x4") if jax.default_backend() == "cpu" else ("1x2", "2x2")
+# Meshes with a model axis (the ring's) where there are enough devices.
+MODEL_MESHES = ("4x2", "2x4") if jax.default_backend() == "cpu" else tuple(
+    m for m in GPU_MESHES if meshes.parse_mesh_shape(m)[1] > 1)
 COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
 
 
@@ -189,6 +191,110 @@ def test_bidirectional_ring_matches_reference(mesh):
     case = registry.make_case(matmul_spec.NAME, "f32", {"m": 64, "n": 32, "k": 48},
                               params={"mesh": mesh})
     assert len(checking.check(impl, case)) == 3  # output, da, db
+
+
+def _gathered_body(config, dtype):
+    """The Mosaic kernel's contract in plain JAX: (m/N, k), (k, n/N) -> (m, n/N)."""
+    del config
+    return lambda a, b: (jax.lax.all_gather(a, meshes.MODEL, tiled=True) @ b).astype(dtype)
+
+
+SMALL_TILES = dict(tile_m=8, tile_n=8, tile_k=8, epi_tile_m=8, epi_tile_n=8)
+
+
+@needs_mesh("1x8")
+def test_mosaic_wrapper_runs_the_kernel_contract_on_a_line_mesh():
+    """Everything around the Mosaic kernel on CPU: the 1-D mesh over the 1xN mesh's devices,
+    the layouts in and out, and the custom_vjp's backward, with a plain gather-then-multiply
+    in the kernel's place (the kernel itself needs a Hopper GPU)."""
+    from kernels.ops.sharded_matmul import mosaic
+
+    config = mosaic.Config(**SMALL_TILES)
+    m, n, k = 8 * 8, 8 * 16, 16
+    assert mosaic.unsupported_reason(m, n, k, "bf16", "1x8", config) is None
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    dc = rng.standard_normal((m, n)).astype(np.float32)
+    fn = mosaic.build("1x8", config, "float32", body=_gathered_body)
+    a_line, b_line = mosaic.place_on_line("1x8", a, b)
+    c, pullback = jax.vjp(fn, a_line, b_line)
+    expected = jax.sharding.NamedSharding(meshes.make_mesh("1x8"), matmul_spec.C_SPEC)
+    assert c.sharding.is_equivalent_to(expected, 2), c.sharding
+    da, db = pullback(jax.device_put(dc, c.sharding))
+    with jax.default_matmul_precision("highest"):
+        ref_c, ref_pullback = jax.vjp(jnp.matmul, jnp.asarray(a), jnp.asarray(b))
+        ref_da, ref_db = ref_pullback(jnp.asarray(dc))
+    for name, got, want in (("c", c, ref_c), ("da", da, ref_da), ("db", db, ref_db)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5,
+                                   err_msg=name)
+    assert da.sharding.is_equivalent_to(a_line.sharding, 2)
+    # Inputs laid out on the 2-D mesh (as other implementations take them) work too.
+    on_grid = (meshes.place(a, meshes.make_mesh("1x8"), matmul_spec.A_SPEC),
+               meshes.place(b, meshes.make_mesh("1x8"), matmul_spec.B_SPEC))
+    np.testing.assert_allclose(np.asarray(fn(*on_grid)), np.asarray(ref_c), rtol=2e-5,
+                               atol=2e-5)
+
+
+def test_mosaic_refuses_what_the_kernel_cannot_run_naming_why():
+    from kernels.core import devices
+    from kernels.ops.sharded_matmul import mosaic
+
+    config = mosaic.Config(**SMALL_TILES)
+    count = jax.device_count()
+    reason = mosaic.unsupported_reason
+    assert "needs bf16 or f16" in reason(64, 128, 16, "f32", f"1x{count}", config)
+    assert "needs a 1xN mesh" in reason(64, 128, 16, "bf16", "2x2", config)
+    if count > 2:
+        assert (f"needs the mesh to span all {count} devices of the program"
+                in reason(64, 128, 16, "bf16", "1x2", config))
+    assert "needs m / N divisible by 8" in reason(4 * count, 16 * count, 16, "bf16",
+                                                  f"1x{count}", config)
+    assert "needs n / N divisible by 16" in reason(8 * count, 8 * count, 16, "bf16",
+                                                   f"1x{count}", config)
+    assert "needs k divisible by 8" in reason(8 * count, 16 * count, 12, "bf16",
+                                              f"1x{count}", config)
+    impl = registry.implementation(matmul_spec.NAME, "mosaic")
+    for case in registry.operation(matmul_spec.NAME).cases:
+        why = devices.case_unavailable_reason(impl, case)
+        if jax.default_backend() == "cpu":
+            assert why and why.startswith("needs a CUDA GPU (CUDA GPU (sm_90+)"), why
+    with pytest.raises(ValueError, match=r"^max_concurrent_steps: expected >= 2, got 1$"):
+        mosaic.Config(max_concurrent_steps=1)
+    with pytest.raises(ValueError, match=r"^wg_dimension: expected one of \('M', 'N'\), got 'K'"):
+        mosaic.Config(wg_dimension="K")
+    with pytest.raises(ValueError, match=r"^epi_tile_m, epi_tile_n: expected divisors"):
+        mosaic.Config(epi_tile_m=48)
+
+
+@needs_mesh("1x2")
+@pytest.mark.parametrize("argv,message", [
+    (["--m", "-5"], r"argument --m: expected an integer >= 1, got '-5'"),
+    (["--m", "6", "--mesh", "1x4"], r"--mesh 1x4, --m/--n/--k: a: expected rows divisible "
+                                    r"by data\*model = 4"),
+    (["--mesh", "4by1"], r"--mesh 4by1, --m/--n/--k: mesh: expected 'DATAxMODEL'"),
+])
+def test_overlap_script_refuses_bad_sizes_in_one_line(argv, message, capsys):
+    from kernels.ops.sharded_matmul import overlap
+
+    with pytest.raises(SystemExit) as exit_:
+        overlap.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert re.search(message, err), err
+
+
+def test_standard_shapes_for_any_device_count():
+    assert meshes.standard_shapes(1) == ["1x1"]
+    assert meshes.standard_shapes(2) == ["1x2", "2x1"]
+    assert meshes.standard_shapes(4) == ["1x4", "4x1", "2x2"]
+    assert meshes.standard_shapes(6) == ["1x6", "6x1", "2x3"]
+    assert meshes.standard_shapes(3) == ["1x3", "3x1"]
+    assert meshes.shapes_up_to(5) == ["1x2", "2x1", "1x4", "4x1", "2x2"]
+    for op_name in ("sharded_matmul", "moe", "sharded_vmap", "transformer_block"):
+        gpu = {c.kwargs["mesh"] for c in registry.operation(op_name).cases
+               if {"gpu", "bench"} <= c.tags}
+        assert gpu == set(meshes.shapes_up_to(8)), (op_name, gpu)
 
 
 # -- MoE ---------------------------------------------------------------------------------------

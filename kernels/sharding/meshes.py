@@ -41,6 +41,27 @@ def mesh_size(shape: str | Sequence[int]) -> int:
     return math.prod(parse_mesh_shape(shape))
 
 
+# Device counts the GPU cases of the sharded operations are declared for; a mesh larger than
+# the host skips, naming its need.
+GPU_DEVICE_COUNTS = (2, 4, 8)
+
+
+def standard_shapes(devices: int) -> list[str]:
+    """The meshes of `devices` devices every sharded operation is declared and tested on:
+    all model parallel (1xN), all data parallel (Nx1), and both (2 x N/2, for even N >= 4)."""
+    if devices < 1:
+        raise ValueError(f"devices: expected >= 1, got {devices}")
+    shapes = [f"1x{devices}", f"{devices}x1"] if devices > 1 else ["1x1"]
+    if devices >= 4 and devices % 2 == 0:
+        shapes.append(f"2x{devices // 2}")
+    return shapes
+
+
+def shapes_up_to(devices: int, counts: Sequence[int] = GPU_DEVICE_COUNTS) -> list[str]:
+    """standard_shapes of every count in `counts` that `devices` devices can hold."""
+    return [shape for n in counts if n <= devices for shape in standard_shapes(n)]
+
+
 def unavailable_reason(shape: str | Sequence[int]) -> str | None:
     """None if this process sees enough devices for the mesh, else why not."""
     need, have = mesh_size(shape), jax.device_count()
