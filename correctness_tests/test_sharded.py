@@ -5,6 +5,7 @@ test_kernels.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import socket
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels.core import checking, registry
+from kernels.core import checking, environment, registry
 from kernels.ops.moe import expert_parallel
 from kernels.ops.moe import spec as moe_spec
 from kernels.ops.sharded_matmul import collective, xla
@@ -138,20 +139,85 @@ def test_sharded_inputs_are_timed_by_wall_clock():
     assert not timing.spans_devices((jnp.ones(4), np.ones(4)))
 
 
-@needs_mesh("8x1")
-def test_sharded_bench_reports_every_runnable_case(monkeypatch, capsys):
-    from kernels.bench import scaling as sharded_bench
+@needs_mesh("4x1")
+def test_scaling_reports_strong_and_weak_rows_with_efficiency(monkeypatch, capsys):
+    from kernels.bench import scaling
 
     monkeypatch.setenv("KERNELPERF_TIME_BUDGET", "0.05")
-    assert sharded_bench.main(["--ops", "sharded_vmap", "--tags", "cpu"]) == 0
-    rows = [line.split() for line in capsys.readouterr().out.splitlines()
-            if line.startswith("sharded_vmap-")]
+    assert scaling.main(["--ops", "sharded_vmap", "--tags", "cpu", "--counts", "1", "2",
+                         "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in lines if line.startswith("sharded_vmap-")]
     op = registry.operation(vmap_spec.NAME)
-    expected = {(impl.id, case.id) for impl in registry.implementations(op.name)
-                for case in op.cases_tagged("cpu")}
-    assert {(row[0], row[1]) for row in rows} == expected
-    for row in rows:
-        assert float(row[3]) > 0 and float(row[4]) > 0 and row[5].endswith("x"), row
+    by_key = {(r[0], r[1], int(r[2]), r[3]): r for r in rows}
+    for impl in registry.implementations(op.name):
+        # The 8x1 case: its data family; strong keeps the problem, weak keeps the per-device
+        # share (batch 16 / 8 = 2 per device).
+        for n, mesh in ((1, "1x1"), (2, "2x1"), (4, "4x1")):
+            strong = by_key[(impl.id, "strong", n, f"f32-16x8x16x32-mesh{mesh}")]
+            weak = by_key[(impl.id, "weak", n, f"f32-{2 * n}x8x16x32-mesh{mesh}")]
+            for row in (strong, weak):
+                seconds, single = float(row[5]) / 1e3, float(row[6]) / 1e3
+                speedup = float(row[7].rstrip("x"))
+                expected = single / seconds * (n if row is weak else 1)
+                assert speedup == pytest.approx(expected, rel=0.02, abs=0.01), row
+                assert float(row[8]) == pytest.approx(speedup / n, rel=0.02, abs=0.01), row
+        # The 4x2 case: both axes; weak grows batch over data and d_out over model.
+        assert (impl.id, "weak", 4, "f32-8x8x16x32-mesh2x2") in by_key
+        assert (impl.id, "weak", 1, "f32-4x8x16x16-mesh1x1") in by_key
+        assert (impl.id, "strong", 2, "f32-16x8x16x32-mesh1x2") in by_key
+        assert (impl.id, "strong", 4, "f32-16x8x16x32-mesh1x4") in by_key  # the 2x4 case
+
+
+def test_scaled_meshes_and_weak_cases():
+    from kernels.bench import scaling
+
+    assert [scaling.scaled_mesh("8x1", n) for n in (1, 2, 4)] == ["1x1", "2x1", "4x1"]
+    assert [scaling.scaled_mesh("1x2", n) for n in (1, 2, 4, 8)] == ["1x1", "1x2", "1x4", "1x8"]
+    assert [scaling.scaled_mesh("2x4", n) for n in (2, 4, 8)] == ["1x2", "1x4", "2x4"]
+    assert scaling.scaled_mesh("2x4", 6) is None
+    op = registry.operation(moe_spec.NAME)
+    case = next(c for c in op.cases if c.kwargs["mesh"] == "4x2")
+    weak = scaling.weak_case(op, case, "2x4")
+    assert (weak["groups"], weak["mlp"], weak["experts"]) == (4, 32, 8)
+    assert weak.kwargs["mesh"] == "2x4" and weak.kwargs["top_k"] == case.kwargs["top_k"]
+    odd = dataclasses.replace(case, dims=tuple((k, 6 if k == "groups" else v)
+                                               for k, v in case.dims))
+    assert scaling.weak_case(op, odd, "1x1") is None  # 6 groups do not split over 4
+
+
+def test_moe_exchanges_bandwidth_from_trace_kernels():
+    """Dispatch and combine: the i-th all-to-all kernel of each device in each call, the
+    longest over devices, S * (n - 1) / n over its median duration."""
+    from kernels.bench import scaling
+    from kernels.core import timing
+
+    op = registry.operation(moe_spec.NAME)
+    case = next(c for c in op.cases if c.kwargs["mesh"] == "2x1" and "gpu" in c.tags)
+    dispatch, combine = op.exchanges(case, "fwd")
+    slots = moe_spec.capacity(1024, 8, 2, 1.25)
+    assert dispatch.size_bytes == 8 * 8 * slots * 1024 * 4 // 2 and dispatch.ranks == 2
+    assert op.exchanges(case, "bwd") == ()
+    assert op.exchanges(next(c for c in op.cases if c.kwargs["mesh"] == "1x2"), "fwd") == ()
+
+    def ev(device, start, end, name="ncclDevKernel_SendRecv"):
+        return timing.DeviceEvent(device=device, stream="s", name=name, start_ns=start,
+                                  end_ns=end)
+
+    def call(t0, first, second):
+        return timing.CallSpan(events=(
+            ev("GPU:0", t0, t0 + first), ev("GPU:1", t0 + 1, t0 + first - 100),
+            ev("GPU:0", t0 + 50_000, t0 + 60_000, "gemm"),
+            ev("GPU:0", t0 + 70_000, t0 + 70_000 + second),
+            ev("GPU:1", t0 + 70_001, t0 + 70_000 + second + 500)))
+
+    spans = [call(0, 10_000, 20_000), call(1e6, 12_000, 20_000), call(2e6, 11_000, 21_000)]
+    got = scaling.exchange_bandwidths(spans, (dispatch, combine))
+    assert got == pytest.approx([dispatch.size_bytes * 0.5 / 11e-6,
+                                 combine.size_bytes * 0.5 / 20.499e-6])
+    broken = spans[:2] + [timing.CallSpan(events=spans[2].events[:-1])]
+    assert scaling.exchange_bandwidths(broken, (dispatch, combine)) is None
+    assert scaling.exchange_bandwidths((), (dispatch, combine)) is None
 
 
 def test_case_devices_come_from_the_mesh():
@@ -400,32 +466,84 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu",
-                    reason="spawns CPU processes with forced host devices; GPU hosts run "
-                           "`python -m kernels.testing.distributed` per host (README)")
-def test_two_processes_through_jax_distributed():
-    """Two processes with 4 host devices each form one 8-device mesh (2x4 and 1x8)."""
-    port = _free_port()
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=4")
+def _run_processes(argv_per_process: list[list[str]], env: dict[str, str],
+                   timeout: float) -> list[str]:
+    """Start `python -m kernels.testing.distributed` once per argv, wait up to `timeout`
+    seconds for all, kill any still running; every process's output (asserting exit 0)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    procs = [subprocess.Popen([sys.executable, "-m", "kernels.testing.distributed",
-                               "--coordinator", f"localhost:{port}", "--num-processes", "2",
-                               "--process-id", str(i)], env=env, cwd=root,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]
+    env = dict(env, PYTHONPATH=os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")])))
+    procs = [subprocess.Popen([sys.executable, "-m", "kernels.testing.distributed", *argv],
+                              env=env, cwd=root, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+             for argv in argv_per_process]
     outputs = []
     try:
         for proc in procs:
-            outputs.append(proc.communicate(timeout=240)[0])
+            outputs.append(proc.communicate(timeout=timeout)[0])
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()  # a process waiting on a dead peer would wait for the coordinator's own
+        # timeout (minutes); collect what the others printed.
+        outputs = [proc.communicate()[0] for proc in procs]
+        pytest.fail(f"jax.distributed processes still running after {timeout} s, killed:\n"
+                    + "\n".join(f"process {i}: {out[-1500:]}" for i, out in enumerate(outputs)))
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
+                proc.wait()
     for i, (proc, output) in enumerate(zip(procs, outputs, strict=True)):
         assert proc.returncode == 0, f"process {i} exited {proc.returncode}:\n{output[-3000:]}"
-        for mesh in ("2x4", "1x8"):
+    return outputs
+
+
+def _coordinated(processes: int, port: int) -> list[list[str]]:
+    return [["--coordinator", f"localhost:{port}", "--num-processes", str(processes),
+             "--process-id", str(i)] for i in range(processes)]
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu",
+                    reason="spawns CPU processes with forced host devices; on GPUs, "
+                           "test_processes_per_gpu_through_jax_distributed")
+def test_two_processes_through_jax_distributed():
+    """Two processes with 4 host devices each form one 8-device mesh (1x8, 8x1 and 2x4: the
+    meshes of 8 devices, chosen by the processes from their device count)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    outputs = _run_processes(_coordinated(2, _free_port()), env, timeout=240)
+    for i, output in enumerate(outputs):
+        for mesh in meshes.standard_shapes(8):
             for impl in ("collective", "xla"):
                 assert (f"process {i}/2: sharded_matmul-{impl} mesh {mesh} over 8 devices: "
                         f"4 local shards") in output, output[-3000:]
+            assert f"process {i}/2: sharded_matmul-mosaic mesh {mesh}: skipped: " in output
+
+
+GPUS = environment.nvidia_gpu_count()
+
+
+@pytest.mark.skipif(GPUS < 2, reason=f"needs 2 or more NVIDIA GPUs (one process each); this "
+                                     f"machine has {GPUS}")
+@pytest.mark.parametrize("per_process", [1, 2], ids=["1-gpu-per-process", "2-gpus-per-process"])
+def test_processes_per_gpu_through_jax_distributed(per_process):
+    """One process per GPU (or per pair of GPUs), each driving only its own through
+    --local-device-ids, together one mesh of every GPU: the sharded matmul forward and backward
+    on the meshes of that many devices, every process checking its shards. NCCL between the
+    processes goes peer to peer over NVLink; NVLink multicast stays off in every child."""
+    if GPUS % per_process or GPUS // per_process < 2:
+        pytest.skip(f"needs at least 2 processes of {per_process} GPU(s); this machine has "
+                    f"{GPUS} GPUs")
+    processes = GPUS // per_process
+    argv = _coordinated(processes, _free_port())
+    for i in range(processes):
+        ids = ",".join(str(i * per_process + j) for j in range(per_process))
+        argv[i] += ["--local-device-ids", ids]
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0")
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    env.pop("JAX_PLATFORMS", None)
+    outputs = _run_processes(argv, env, timeout=300)
+    for i, output in enumerate(outputs):
+        for mesh in meshes.standard_shapes(GPUS):
+            for impl in ("collective", "xla"):
+                assert (f"process {i}/{processes}: sharded_matmul-{impl} mesh {mesh} over "
+                        f"{GPUS} devices: {per_process} local shards") in output, output[-3000:]

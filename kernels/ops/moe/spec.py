@@ -173,6 +173,24 @@ def work(case: registry.Case, direction: str) -> registry.Work:
                          comm_bytes=exchanged + reduced + 2 * (devices - 1) * m * e * itemsize)
 
 
+def exchanges(case: registry.Case, direction: str) -> tuple[registry.Exchange, ...]:
+    """The forward's two all-to-alls over the expert (data) axis: each rank's buffer is its
+    share of the (experts, groups, slots, embed) tensor (nccl-tests' all-to-all S). The
+    backward's are not listed (their order among the gradient's collectives is the
+    compiler's)."""
+    registry.check_direction(direction)
+    data, _ = meshes.parse_mesh_shape(case.kwargs["mesh"])
+    if direction != "fwd" or data < 2:
+        return ()
+    c = capacity(case["group_size"], case["experts"], case.kwargs["top_k"],
+                 case.kwargs["capacity_factor"])
+    per_rank = (case["experts"] * case["groups"] * c * case["embed"]
+                * dtypes.to_numpy(case.dtype).itemsize) // data
+    return tuple(registry.Exchange(label=label, kind="all-to-all", size_bytes=per_rank,
+                                   ranks=data, kernels=("SendRecv", "AllToAll"))
+                 for label in ("dispatch", "combine"))
+
+
 def tolerance(case: registry.Case) -> float:
     """Four chained products (dispatch, the expert's two layers, combine), each rounding its
     inputs: GPUs multiply float32 in TF32 by default (10-bit mantissa), as the matmul op allows."""
@@ -233,4 +251,7 @@ OPERATION = registry.register_operation(registry.Operation(
     cases=_cases(),
     validate=validate,
     bad_inputs=BAD_INPUTS,
+    # Groups (tokens) over the expert axis, hidden features over model.
+    weak_scaling=((meshes.DATA, ("groups",)), (meshes.MODEL, ("mlp",))),
+    exchanges=exchanges,
 ))

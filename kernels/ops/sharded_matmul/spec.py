@@ -127,4 +127,6 @@ OPERATION = registry.register_operation(registry.Operation(
     validate=validate,
     bad_inputs=BAD_INPUTS,
     gradient_magnitude=gradient_magnitude,
+    # A's rows are split over data and model: m per device stays fixed as either grows.
+    weak_scaling=((meshes.DATA, ("m",)), (meshes.MODEL, ("m",))),
 ))

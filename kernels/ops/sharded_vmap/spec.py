@@ -126,4 +126,5 @@ OPERATION = registry.register_operation(registry.Operation(
     cases=_cases(),
     validate=validate,
     bad_inputs=BAD_INPUTS,
+    weak_scaling=((meshes.DATA, ("batch",)), (meshes.MODEL, ("d_out",))),
 ))

@@ -171,4 +171,6 @@ OPERATION = registry.register_operation(registry.Operation(
     cases=_cases(),
     validate=validate,
     bad_inputs=BAD_INPUTS,
+    # Megatron layout: heads and MLP features over model, the batch over data.
+    weak_scaling=((meshes.DATA, ("batch",)), (meshes.MODEL, ("heads", "mlp"))),
 ))
