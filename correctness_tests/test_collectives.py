@@ -105,6 +105,8 @@ def test_sweep_prints_a_row_per_op_and_size(capsys):
                                                  r"\(1 MiB\), got 2 MiB"),
     (["--devices", "1"], r"--devices: expected an integer >= 2, got '1'"),
     (["--bytes", "-5"], r"--bytes: expected a byte count >= 1"),
+    (["--max-bytes", "1G"], r"--max-bytes: expected at most 64 MiB per rank on CPU host "
+                            r"devices .* got 1 GiB"),
 ])
 def test_command_line_mistakes_are_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:

@@ -165,8 +165,13 @@ class Runner:
                 self.points[key] = reason
                 return reason
             prepared = timing.prepare(impl, case, direction=direction)
-            measurement = timing.time_timeable(prepared, regime="hot", clock="device-span")
-            spans = tuple(timing.trace_calls(prepared, EXCHANGE_CALLS) or ()) if trace else ()
+            try:
+                measurement = timing.time_timeable(prepared, regime="hot", clock="device-span")
+                spans = (tuple(timing.trace_calls(prepared, EXCHANGE_CALLS) or ()) if trace
+                         else ())
+            except RuntimeError as error:  # a device trace that cannot be cut into calls
+                self.points[key] = f"not timed: {error}"
+                return self.points[key]
             self.points[key] = Point(impl=impl.id, case=case, direction=direction,
                                      seconds=measurement.median_s, method=measurement.method,
                                      spans=spans)

@@ -184,7 +184,11 @@ def run(m: int, n: int, k: int, shapes: list[str], dtype: str) -> list[dict]:
             if not out.sharding.is_equivalent_to(expected, 2):
                 raise AssertionError(f"{name} on {mesh_shape}: output sharding {out.sharding}, "
                                      f"expected {expected}")
-            seconds, how = device_time(f"{mesh_shape} {name}", fn, a_in, b_in)
+            try:
+                seconds, how = device_time(f"{mesh_shape} {name}", fn, a_in, b_in)
+            except RuntimeError as error:  # a device trace that cannot be cut into calls
+                print(f"{mesh_shape} {name}: not timed: {error}", file=sys.stderr, flush=True)
+                continue
             t_compute = seconds if name == "compute-only" else t_compute
             counts = products_between_permutes(fn.lower(a_in, b_in).compile().as_text())
             gbps = received / seconds if name != "compute-only" and model > 1 else None
