@@ -10,6 +10,11 @@ import pytest
 
 from kernels.sharding import collectives, meshes
 
+# Several devices: `pytest -m multi_gpu` runs these on a GPU host too (real NCCL).
+pytestmark = pytest.mark.multi_gpu
+ON_GPU = jax.default_backend() == "gpu"
+CLOCK = "device-span" if ON_GPU else "host-clock"
+
 
 def test_bus_factors_are_nccl_tests():
     assert collectives.bus_factor("all-reduce", 4) == pytest.approx(1.5)
@@ -98,7 +103,7 @@ def test_sweep_prints_a_row_per_op_and_size(capsys):
         # Printed with 2 decimals: half a unit of the last one either way.
         assert algbw == pytest.approx(int(r[2]) * 1024 / time_us / 1e3, rel=0.01, abs=0.006)
         assert busbw == pytest.approx(algbw / 2, rel=0.01, abs=0.006)
-        assert "host-clock" in r[-4]  # the CPU's labelled clock
+        assert CLOCK in r[-4]  # the GPU's device span, the CPU's labelled host clock
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -106,8 +111,9 @@ def test_sweep_prints_a_row_per_op_and_size(capsys):
                                                  r"\(1 MiB\), got 2 MiB"),
     (["--devices", "1"], r"--devices: expected an integer >= 2, got '1'"),
     (["--bytes", "-5"], r"--bytes: expected a byte count >= 1"),
-    (["--max-bytes", "1G"], r"--max-bytes: expected at most 64 MiB per rank on CPU host "
-                            r"devices .* got 1 GiB"),
+    pytest.param(["--max-bytes", "1G"], r"--max-bytes: expected at most 64 MiB per rank on "
+                                        r"CPU host devices .* got 1 GiB",
+                 marks=pytest.mark.skipif(ON_GPU, reason="the CPU's limit")),
 ])
 def test_command_line_mistakes_are_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -117,6 +123,7 @@ def test_command_line_mistakes_are_one_line(argv, message, capsys):
     assert __import__("re").search(message, err), err
 
 
+@pytest.mark.skipif(ON_GPU, reason="the CPU's answer; on GPUs the device script runs the check")
 def test_check_clock_on_cpu_says_there_is_nothing_to_compare(capsys):
     if jax.device_count() < 2:
         pytest.skip("needs 2 devices")
@@ -144,8 +151,8 @@ def test_interconnect_ceiling_is_the_all_gather_busbw():
     if jax.device_count() < 2:
         pytest.skip("needs 2 devices")
     bandwidth = meshes.interconnect_bandwidth(2, message_bytes=1 << 20, repeats=3)
-    assert bandwidth.timer.startswith("kernels.core.timing host-clock")
+    assert bandwidth.timer.startswith(f"kernels.core.timing {CLOCK}")
     result = collectives.Result(op="all-gather", devices=2, size_bytes=bandwidth.message_bytes,
-                                seconds=bandwidth.seconds, method="host-clock", cv=0.0,
+                                seconds=bandwidth.seconds, method=CLOCK, cv=0.0,
                                 repeats=3)
     assert bandwidth.bytes_per_second == pytest.approx(result.busbw)

@@ -14,6 +14,7 @@ from jax.profiler import ProfileData
 from kernels.core import compat, fingerprint, timing
 
 US = 1_000.0  # nanoseconds
+ON_GPU = jax.default_backend() == "gpu"
 
 
 def event(device: int, start_us: float, end_us: float, name: str = "gemm",
@@ -72,6 +73,7 @@ def test_device_events_read_stream_lines_of_gpu_planes_only():
     ]  # the "XLA Ops" line repeats kernels and the host plane is not device time
 
 
+@pytest.mark.skipif(ON_GPU, reason="a CPU's trace: a GPU's has device events")
 def test_cpu_trace_has_no_device_events():
     start = compat.trace_session_factory()
     assert start is not None, "jaxlib's in-memory profiler session is missing"
@@ -260,6 +262,7 @@ def test_make_sampler_falls_back_to_the_labelled_host_clock(monkeypatch, capsys)
                             clock="wall")
 
 
+@pytest.mark.skipif(ON_GPU, reason="the CPU's fallback; GPUs: test_sharded_work_on_gpus_...")
 def test_sharded_work_on_cpu_keeps_the_host_clock():
     if jax.device_count() < 2:
         pytest.skip("needs 2 host devices")
@@ -271,3 +274,34 @@ def test_sharded_work_on_cpu_keeps_the_host_clock():
     _, method = timing.make_sampler(timeable, "hot", fingerprint.fingerprint())
     assert method == "host-clock"
     assert timing.trace_calls(timeable) is None  # no device trace on a CPU
+
+
+@pytest.mark.multi_gpu
+@pytest.mark.skipif(not ON_GPU or jax.device_count() < 2,
+                    reason=f"needs 2 GPUs; this machine has {jax.device_count()} "
+                           f"{jax.default_backend()} device(s)")
+def test_sharded_work_on_gpus_is_timed_by_its_device_span():
+    """On real GPUs: an all-gather over two of them is cut into its calls, each call's span
+    covers its NCCL kernel on both devices, and the span over all devices is no shorter."""
+    mesh = compat.make_mesh((2,), ("x",), devices=jax.devices()[:2])
+    layout = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
+    x = jax.device_put(jnp.ones(1 << 22, jnp.float32), layout)  # 16 MiB gathered
+    gather = jax.jit(lambda v: v * 2, out_shardings=jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec()))
+    timeable = timing.callable_timeable("all-gather", gather, "jax", (x,))
+    measurement = timing.time_timeable(timeable, regime="hot",
+                                       rule=timing.StoppingRule(min_samples=10, max_samples=10))
+    assert measurement.method == "device-span", measurement.method
+    assert len(measurement.all_devices_s) == measurement.repeats == 10
+    assert all(a >= s * 0.999 for a, s in zip(measurement.all_devices_s, measurement.samples,
+                                              strict=True))
+    spans = timing.trace_calls(timeable, 4)
+    assert spans is not None and len(spans) == 4
+    for span in spans:
+        assert set(span.per_device_s) == {"GPU:0", "GPU:1"}, span.per_device_s
+        assert {e.device for e in span.named("AllGather", "ncclDevKernel")} == {"GPU:0", "GPU:1"}
+    # Cold: each call follows an L2 flush of both GPUs, left out of the samples.
+    cold = timing.time_timeable(timeable, regime="cold",
+                                rule=timing.StoppingRule(min_samples=5, max_samples=5))
+    assert cold.method == "device-span"
+    assert 0.5 < cold.median_s / measurement.median_s < 2.0
