@@ -706,12 +706,13 @@ def _warn_no_cupti(framework: str, fallback: str) -> None:
 
 
 def devices_of(args: Any) -> list[Any]:
-    """The devices the JAX arrays in `args` live on, in id order."""
+    """The devices the JAX arrays in `args` live on, in id order (JAX's default device where
+    `args` hold no array: work on closed-over data)."""
     import jax
 
     found = {device for leaf in jax.tree.leaves(args) if isinstance(leaf, jax.Array)
              for device in leaf.sharding.device_set}
-    return sorted(found, key=lambda device: device.id)
+    return sorted(found, key=lambda device: device.id) or jax.devices()[:1]
 
 
 def spans_devices(args: Any) -> bool:
