@@ -99,10 +99,10 @@ def test_higher_throughput_is_better_not_worse():
                              _tracked(500.0))[1] == "worse (no samples)"
 
 
-def test_failure_on_head_is_reported_and_exits_2():
+def test_failure_on_head_is_reported_and_fails_the_gate():
     ratio, word = asv_tools.verdict(TIME, _timed(1e-3, 1e-6), asv_tools.Result(None, None, None))
     assert word == "FAILED on head"
-    assert asv_tools.exit_status([asv_tools.Row(TIME, (), 1e-3, None, None, word)]) == 2
+    assert asv_tools.exit_status([asv_tools.Row(TIME, (), 1e-3, None, None, word)]) == 1
 
 
 def test_render_shows_units_and_verdicts():

@@ -87,17 +87,22 @@ def journals(env_dir: pathlib.Path, since: float) -> list[pathlib.Path]:
     return sorted(path for path in found if path.stat().st_mtime >= since)
 
 
+def entries(path: pathlib.Path) -> list[dict]:
+    """The lines of one journal (a line cut short by a killed writer is skipped)."""
+    found = []
+    for line in path.read_text().splitlines():
+        try:
+            found.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return found
+
+
 def read(paths: Iterable[pathlib.Path]) -> Breakdown:
-    """The breakdown of some journals (a line cut short by a killed writer is skipped)."""
+    """The breakdown of some journals."""
     breakdown = Breakdown()
     for path in paths:
-        entries = []
-        for line in path.read_text().splitlines():
-            try:
-                entries.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        breakdown.add(entries)
+        breakdown.add(entries(path))
     return breakdown
 
 

@@ -46,6 +46,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
                          json_path=args.json)
 
 
+def cmd_recover(args: argparse.Namespace) -> int:
+    """asv results from the measuring journals of runs that were cut short."""
+    from kernels.bench import recover
+
+    recover.recover_all(machine=args.machine)
+    return 0
+
+
 def cmd_noise_floor(args: argparse.Namespace) -> int:
     asv_tools.learn_floors(args.revision, args.runs, bench_regex=args.bench)
     return 0
@@ -137,5 +145,9 @@ def add_commands(sub) -> dict[str, Callable[[argparse.Namespace], int]]:
                        help="asv runs of the commit, whose spread is the floor (>= 2)")
     floor.add_argument("--bench", help="asv benchmark regex (e.g. Softmax.time_device)")
     _add_gate_power(sub)
+    recover = sub.add_parser("recover", help="write asv results from the measuring journals "
+                             "of benchmark runs that were interrupted (asv keeps a commit's "
+                             "results only once it finished)")
+    recover.add_argument("--machine", help="asv machine (default: this device model)")
     return {"bench": cmd_bench, "compare": cmd_compare, "noise-floor": cmd_noise_floor,
-            "gate-power": cmd_gate_power}
+            "gate-power": cmd_gate_power, "recover": cmd_recover}
