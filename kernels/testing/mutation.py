@@ -24,6 +24,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRATCH = ROOT / ".mutation"
@@ -31,85 +32,103 @@ SCRATCH = ROOT / ".mutation"
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Target:
-    """Modules to mutate (globs relative to the repository root) and the tests that guard them."""
+    """Modules to mutate (globs relative to the repository root) and the tests that guard them.
+
+    Every mutant of every function in `modules` is run and scored, unless `functions` narrows
+    the target to part of each module; then `scope` must say which part and why, and the
+    report prints it beside the score.
+    """
 
     name: str
     modules: tuple[str, ...]
     tests: tuple[str, ...]  # pytest arguments: files, `-k` expressions
-    # mutmut mutant-name globs: the functions whose mutants are run (each function's mutants are
-    # named `<module>.x_<function>__mutmut_<n>`, a method's `<module>.xǁ<Class>ǁ<method>__...`).
-    functions: tuple[str, ...]
-    # "fork": each mutant's tests in a child forked from a process that ran them all once (fast;
-    # right for tests that compile nothing: a JAX compile in a child forked from a process with
-    # JAX's threads can deadlock). "forkserver": from a server that has not imported JAX (each
-    # mutant then pays JAX's import, seconds).
-    isolation: str = "fork"
+    # mutmut mutant-name globs (a function's mutants are `<module>.x_<function>__mutmut_<n>`, a
+    # method's `<module>.xǁ<Class>ǁ<method>__mutmut_<n>`); empty: every function of `modules`.
+    functions: tuple[str, ...] = ()
+    scope: str = ""
+    # "forkserver" (default): each mutant's tests in a child forked from a server that has
+    # imported JAX, torch and the package (PRELOAD) but started no JAX backend, so each child
+    # starts its own: a compile in a child forked from a process whose XLA client already runs
+    # threads can deadlock, and a deadlock would read as a timeout, which scores as killed.
+    # "fork": from mutmut's own process, which ran the tests once (for tests that never touch
+    # a JAX backend).
+    isolation: str = "forkserver"
 
     def __post_init__(self) -> None:
-        if not self.modules or not self.tests or not self.functions:
-            raise ValueError(f"{self.name}: expected modules, tests and functions, got "
-                             f"{self.modules!r}, {self.tests!r}, {self.functions!r}")
+        if not self.modules or not self.tests:
+            raise ValueError(f"{self.name}: expected modules and tests, got {self.modules!r}, "
+                             f"{self.tests!r}")
+        if bool(self.functions) != bool(self.scope):
+            raise ValueError(f"{self.name}: functions {self.functions!r} need a scope saying "
+                             f"which part of the modules they are, and only they; got "
+                             f"scope {self.scope!r}")
+        if self.isolation not in ("fork", "forkserver"):
+            raise ValueError(f"{self.name}: isolation: expected 'fork' or 'forkserver', got "
+                             f"{self.isolation!r}")
+
+    @property
+    def globs(self) -> tuple[str, ...]:
+        """The mutant-name globs run and scored: `functions`, else every mutant of `modules`."""
+        return self.functions or tuple(module_prefix(m) + ".*" for m in self.modules)
 
 
-# The functions that compute what the suite reports or decides; two CPU cores run a target in
-# minutes, so each names the functions that matter rather than whole modules, and tests that
-# compile nothing (see `isolation`).
+def module_prefix(path: str) -> str:
+    """mutmut's name for a module path (glob), e.g. kernels/ops/*/spec.py -> kernels.ops.*.spec."""
+    return path.removesuffix(".py").replace("/", ".")
+
+
+# Every module whose numbers the suite reports or whose verdicts it gives, whole; each target
+# runs alone (`python -m kernels.testing.mutation checking`). The CLI and the operation specs
+# are the two narrowed ones: a command's handler runs GPUs, asv or ncu, and a spec's reference
+# and inputs are what every correctness test runs against every kernel.
 TARGETS = (
     Target(name="checking", modules=("kernels/core/checking.py",),
-           tests=("correctness_tests/test_harness.py::test_compare_reports_errors",
-                  "correctness_tests/test_harness.py::test_compare_requires_matching_infinities",
-                  "correctness_tests/test_harness.py::"
-                  "test_magnitude_forgives_cancellation_only_up_to_its_size",
-                  "correctness_tests/test_harness.py::"
-                  "test_tolerance_grows_with_reduction_length_and_dtype",
-                  # compare's device branch (a GPU's arrays), run on JAX's CPU device
-                  "correctness_tests/test_harness.py::"
-                  "test_device_comparison_judges_like_the_host",
-                  "correctness_tests/test_harness.py::test_shape_mismatch_is_named_on_both_paths",
-                  "correctness_tests/test_tolerances.py", "correctness_tests/test_compare.py",
-                  "-k", "not through_the_harness"),
-           functions=("kernels.core.checking.x_compare__*",
-                      "kernels.core.checking.x_relative_tolerance__*"),
-           isolation="forkserver"),  # the device branch compiles (jit) its reduction
+           tests=("correctness_tests/test_harness.py", "correctness_tests/test_tolerances.py",
+                  "correctness_tests/test_compare.py", "-k", "not through_the_harness")),
     Target(name="timing", modules=("kernels/core/timing.py",),
-           tests=("correctness_tests/test_timing.py", "correctness_tests/test_measurement.py",
-                  "-k", "(test_timing and not jax) or samples or stopping or measurement_ "
-                  "or speedup"),
-           functions=("kernels.core.timing.x_collect__*",
-                      "kernels.core.timing.x_coefficient_of_variation__*",
-                      "kernels.core.timing.x_speedup__*",
-                      "kernels.core.timing.xǁStoppingRuleǁ__post_init____*",
-                      "kernels.core.timing.xǁMeasurementǁfrom_samples__*",
-                      "kernels.core.timing.xǁ_HostSamplerǁtake__*")),
-    Target(name="roofline", modules=("kernels/roofline/model.py",),
-           tests=("correctness_tests/test_measurement.py", "correctness_tests/test_work_models.py",
-                  "correctness_tests/test_roofline_model.py", "-k", "place or roof"),
-           functions=("kernels.roofline.model.*",)),
+           tests=("correctness_tests/test_timing.py", "correctness_tests/test_measurement.py")),
+    Target(name="roofline", modules=("kernels/roofline/model.py", "kernels/roofline/floors.py",
+                                     "kernels/roofline/ceilings.py"),
+           tests=("correctness_tests/test_roofline_model.py",
+                  "correctness_tests/test_measurement.py", "perf_tests/tests/test_perfcheck.py",
+                  "-k", "place or roof or ceiling or datasheet or floor")),
+    Target(name="perfcheck", modules=("kernels/bench/perfcheck.py",),
+           tests=("perf_tests/tests/test_perfcheck.py",)),
+    # The gate's verdicts are being rewritten (noise-following thresholds, a confirmation
+    # step): re-run this target once that lands.
+    Target(name="asv-verdicts", modules=("kernels/bench/asv_tools.py",),
+           tests=("correctness_tests/test_asv_tools.py", "correctness_tests/test_asv_verdicts.py",
+                  "correctness_tests/test_job_summary.py", "-k", "not machine")),
+    Target(name="cli-defaults", modules=("kernels/cli/*.py",),
+           tests=("correctness_tests/test_cli_errors.py", "correctness_tests/test_cli_defaults.py"),
+           functions=("kernels.cli.*.x_add_commands__*", "kernels.cli.*.x__add_gate_power__*",
+                      "kernels.cli.*.x__selection_arguments__*"),
+           scope="the functions that build the parsers (every option, default and type); the "
+                 "handlers run asv, GPUs or ncu"),
     Target(name="work-models", modules=("kernels/ops/*/spec.py",),
            tests=("correctness_tests/test_work_models.py", "correctness_tests/test_registry.py",
                   "-k", "(work or complete) and not formula"),
            functions=("kernels.ops.*.spec.x_work__*", "kernels.ops.*.spec.x_attended_pairs__*",
-                      "kernels.ops.*.spec.x_capacity__*")),
-    Target(name="asv-verdicts", modules=("kernels/bench/asv_tools.py",),
-           tests=("correctness_tests/test_asv_tools.py", "correctness_tests/test_asv_verdicts.py",
-                  "-k", "not machine"),
-           functions=("kernels.bench.asv_tools.x_verdict__*",
-                      "kernels.bench.asv_tools.x_exit_status__*",
-                      "kernels.bench.asv_tools.x_compare__*")),
+                      "kernels.ops.*.spec.x_capacity__*"),
+           scope="the work models (work and the counts it is built from); references, inputs "
+                 "and cases are what the correctness suite checks every kernel against"),
     Target(name="bottleneck", modules=("kernels/profile/bottleneck.py",),
            tests=("correctness_tests/test_bottleneck.py", "-k", "not the_command"),
-           functions=("kernels.profile.bottleneck.x_parse_raw_csv__*",
-                      "kernels.profile.bottleneck.x__parse_long__*",
-                      "kernels.profile.bottleneck.x__number__*",
-                      "kernels.profile.bottleneck.x_rows__*",
-                      "kernels.profile.bottleneck.xǁKernelǁ*")),
+           isolation="fork"),
     Target(name="validation", modules=("kernels/core/validation.py",),
            tests=("correctness_tests/test_registry.py", "correctness_tests/test_cli_errors.py",
                   "correctness_tests/test_validation.py",
                   "correctness_tests/test_api_inputs.py", "-k",
-                  "check_ or number or index_range or config or interpret_flag or refuses"),
-           functions=("kernels.core.validation.*",)),
+                  "check_ or number or index_range or config or interpret_flag or refuses")),
 )
+
+# Imported by the fork server before any mutant runs (mutmut's "import" warm-up), so a mutant
+# pays pytest's collection, not JAX's and torch's imports (seconds each time). Importing
+# starts no JAX backend; `_prepare` checks that it stays so.
+PRELOAD = ("numpy", "jax", "jax.numpy", "jax.experimental.pallas", "torch", "pytest",
+           "kernels.core.registry", "kernels.core.checking", "kernels.core.timing",
+           "kernels.roofline.model", "kernels.roofline.floors", "kernels.bench.perfcheck",
+           "kernels.bench.asv_tools", "kernels.cli")
 
 # Mutants no test can kill because the program means the same with or without the change:
 # "module.function__mutmut_N": why. Reviewed by hand; keep the reason to one line. N is
@@ -209,6 +228,12 @@ EQUIVALENT: dict[str, str] = {
 }
 
 
+# Mutants left alive on purpose, by mutant-name glob: each reason says why no CPU test of the
+# target can (or should yet) kill them. They are scored as not killed, listed with
+# --verbose, and do not fail the run.
+SURVIVORS: dict[str, str] = {
+}
+
 def _prepare(target: Target) -> pathlib.Path:
     """A scratch copy of the tree with a pyproject.toml that tells mutmut what to do."""
     work = SCRATCH / target.name
@@ -222,23 +247,41 @@ def _prepare(target: Target) -> pathlib.Path:
         shutil.copy2(ROOT / name, work / name)
     # mutmut's test processes put mutants/ on sys.path; made now, so it exists when they start.
     (work / "mutants").mkdir(exist_ok=True)
+    (work / "preload.txt").write_text("\n".join(PRELOAD) + "\n")
     project = (ROOT / "pyproject.toml").read_text()
     settings = {
         "source_paths": ["kernels"],
         "only_mutate": list(target.modules),
         "also_copy": ["correctness_tests", "perf_tests", "conftest.py", "asv.conf.json"],
-        # One worker: the machine is shared, and each test process imports JAX.
+        # One worker per child: the machine is shared, and each test process imports JAX.
         "pytest_add_cli_args": ["-p", "no:cacheprovider", "-p", "no:xdist", "-q"],
         "pytest_add_cli_args_test_selection": _existing(target.tests),
         "use_git_change_detection": False,
         "process_isolation": target.isolation,
-        "forkserver_warmup": "none",
+        "forkserver_warmup": "import",
+        "preload_modules_file": str(work / "preload.txt"),
         "debug": bool(os.environ.get("MUTATION_DEBUG")),
     }
     lines = ["", "[tool.mutmut]"] + [f"{key} = {json.dumps(value)}"
                                      for key, value in settings.items()]
     (work / "pyproject.toml").write_text(project + "\n".join(lines) + "\n")
     return work
+
+
+def check_preload() -> None:
+    """Raise if importing PRELOAD starts a JAX backend (the fork server's children would then
+    share its XLA threads, see Target.isolation)."""
+    code = ("import importlib, sys\n"
+            "for name in sys.argv[1:]: importlib.import_module(name)\n"
+            "from jax._src import xla_bridge\n"
+            "sys.exit(3 if xla_bridge._backends else 0)\n")
+    done = subprocess.run([sys.executable, "-c", code, *PRELOAD], cwd=ROOT, check=False,
+                          capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    if done.returncode:
+        raise RuntimeError(f"PRELOAD: importing {PRELOAD} "
+                           + ("started a JAX backend" if done.returncode == 3 else
+                              f"failed: {done.stderr[-1000:]}"))
 
 
 def _existing(tests: tuple[str, ...]) -> list[str]:
@@ -266,7 +309,8 @@ def _mutmut(work: pathlib.Path, *args: str, capture: bool = False) -> str:
 
 
 def results(work: pathlib.Path) -> dict[str, str]:
-    """mutant name -> status ("killed", "survived", "timeout", ...), from `mutmut results`."""
+    """mutant name -> status ("killed", "survived", "no tests", "timeout", ...), from
+    `mutmut results`."""
     out = _mutmut(work, "results", "--all", "true", capture=True)
     statuses = {}
     for line in out.splitlines():
@@ -276,12 +320,92 @@ def results(work: pathlib.Path) -> dict[str, str]:
     return statuses
 
 
-def score(statuses: dict[str, str]) -> tuple[int, int, list[str]]:
-    """(killed, scored, survivors not explained in EQUIVALENT). Timeouts count as killed
-    (the mutant hung the tests), equivalent mutants are not scored."""
-    killed = sum(s in ("killed", "timeout", "segfault") for s in statuses.values())
-    survivors = sorted(n for n, s in statuses.items() if s == "survived" and n not in EQUIVALENT)
-    return killed, killed + len(survivors), survivors
+KILLED = ("killed", "timeout", "segfault")  # a timeout: the mutant hung the tests
+# Not killed: it ran and passed, or no test of the target reached it (which is a survivor
+# too: a bug there would pass the target's tests).
+NOT_KILLED = ("survived", "no tests")
+
+
+def known_survivor(name: str) -> str | None:
+    """The reason a mutant is left alive (`SURVIVORS`), or None."""
+    for glob, reason in SURVIVORS.items():
+        if fnmatch.fnmatchcase(name, glob):
+            return reason
+    return None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModuleScore:
+    """One module's mutants in one target: every one is killed, equivalent (`EQUIVALENT`, not
+    scored), a survivor with a reason (`SURVIVORS`, scored as not killed), a survivor without
+    one, or not run (mutmut did not get to it; scored as not killed)."""
+
+    module: str
+    total: int
+    killed: int
+    equivalent: tuple[str, ...]
+    explained: tuple[tuple[str, str], ...]  # (mutant, reason)
+    survivors: tuple[str, ...]
+    not_run: tuple[str, ...]
+
+    @property
+    def scored(self) -> int:
+        return self.total - len(self.equivalent)
+
+    @property
+    def percent(self) -> str:
+        return f"{100.0 * self.killed / self.scored:.0f}%" if self.scored else "-"
+
+
+def score_module(module: str, statuses: dict[str, str]) -> ModuleScore:
+    """Score every mutant in `statuses` (all of one module's, in one target)."""
+    killed, equivalent, explained, survivors, not_run = 0, [], [], [], []
+    for name, status in sorted(statuses.items()):
+        if name in EQUIVALENT:
+            equivalent.append(name)
+        elif status in KILLED:
+            killed += 1
+        elif status in NOT_KILLED:
+            reason = known_survivor(name)
+            if reason:
+                explained.append((name, reason))
+            else:
+                survivors.append(name)
+        else:
+            not_run.append(f"{name} ({status})")
+    return ModuleScore(module=module, total=len(statuses), killed=killed,
+                       equivalent=tuple(equivalent), explained=tuple(explained),
+                       survivors=tuple(survivors), not_run=tuple(not_run))
+
+
+def score(target: Target, statuses: dict[str, str]) -> list[ModuleScore]:
+    """The target's mutants (those its globs select), scored per module."""
+    by_module: dict[str, dict[str, str]] = {}
+    for name, status in statuses.items():
+        if any(fnmatch.fnmatchcase(name, glob) for glob in target.globs):
+            module = name.split(".x", 1)[0]
+            by_module.setdefault(module, {})[name] = status
+    return [score_module(module, found) for module, found in sorted(by_module.items())]
+
+
+def report(target: Target, modules: list[ModuleScore], minutes: float | None,
+           verbose: bool) -> list[str]:
+    """The lines printed for one target: a score per module, then what is left alive."""
+    took = f", {minutes:.1f} min" if minutes is not None else ""
+    lines = [f"{target.name}{took}" + (f" (only {target.scope})" if target.scope else "")]
+    for m in modules:
+        lines.append(f"  {m.module:34s} {m.killed:4d}/{m.scored:<4d} killed  {m.percent:>4s}  "
+                     f"({m.total} mutants, {len(m.equivalent)} equivalent, "
+                     f"{len(m.explained)} left with a reason, {len(m.survivors)} survived, "
+                     f"{len(m.not_run)} not run)")
+        for name in m.survivors:
+            lines.append(f"    survived: {name}")
+        for name in m.not_run:
+            lines.append(f"    not run: {name}")
+        if verbose:
+            lines += [f"    left: {name}: {reason}" for name, reason in m.explained]
+            lines += [f"    equivalent: {name}: {EQUIVALENT[name]}" for name in m.equivalent]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,27 +416,32 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"default: all of {', '.join(names)}")
     parser.add_argument("--report-only", action="store_true",
                         help="print the scores of the last run without running mutmut")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also list the equivalent mutants and the survivors left with "
+                             "a reason")
     parser.add_argument("--max-children", type=int, default=1)
     args = parser.parse_args(argv)
     unknown = sorted(set(args.targets) - set(names))
     if unknown:
         parser.error(f"TARGET: expected some of {names}, got {unknown}")
     chosen = [t for t in TARGETS if not args.targets or t.name in args.targets]
-    rows = []
+    if not args.report_only:
+        check_preload()
+    failed = False
     for target in chosen:
-        work = SCRATCH / target.name if args.report_only else _prepare(target)
-        if not args.report_only:
-            _mutmut(work, "run", "--max-children", str(args.max_children), *target.functions)
-        statuses = {name: status for name, status in results(work).items()
-                    if any(fnmatch.fnmatchcase(name, glob) for glob in target.functions)}
-        killed, scored, survivors = score(statuses)
-        rows.append((target.name, killed, scored, survivors))
-    for name, killed, scored, survivors in rows:
-        percent = f"{100.0 * killed / scored:.0f}%" if scored else "-"
-        print(f"{name:14s} {killed:4d}/{scored:<4d} killed  {percent}")
-        for survivor in survivors:
-            print(f"    survived: {survivor}")
-    return 1 if any(survivors for *_, survivors in rows) else 0
+        minutes = None
+        if args.report_only:
+            work = SCRATCH / target.name
+        else:
+            start = time.monotonic()
+            work = _prepare(target)
+            _mutmut(work, "run", "--max-children", str(args.max_children), *target.globs)
+            minutes = (time.monotonic() - start) / 60
+        modules = score(target, results(work))
+        failed |= any(m.survivors or m.not_run for m in modules)
+        # Printed as each target ends: a whole run takes most of an hour.
+        print("\n".join(report(target, modules, minutes, args.verbose)), flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
