@@ -47,7 +47,7 @@ class Target:
     functions: tuple[str, ...] = ()
     scope: str = ""
     # "forkserver" (default): each mutant's tests in a child forked from a server that has
-    # imported JAX, torch and the package (PRELOAD) but started no JAX backend, so each child
+    # run WARMUP (JAX, torch, the registry imported) but started no JAX backend, so each child
     # starts its own: a compile in a child forked from a process whose XLA client already runs
     # threads can deadlock, and a deadlock would read as a timeout, which scores as killed.
     # "fork": from mutmut's own process, which ran the tests once (for tests that never touch
@@ -122,13 +122,26 @@ TARGETS = (
                   "check_ or number or index_range or config or interpret_flag or refuses")),
 )
 
-# Imported by the fork server before any mutant runs (mutmut's "import" warm-up), so a mutant
-# pays pytest's collection, not JAX's and torch's imports (seconds each time). Importing
-# starts no JAX backend; `_prepare` checks that it stays so.
-PRELOAD = ("numpy", "jax", "jax.numpy", "jax.experimental.pallas", "torch", "pytest",
-           "kernels.core.registry", "kernels.core.checking", "kernels.core.timing",
-           "kernels.roofline.model", "kernels.roofline.floors", "kernels.bench.perfcheck",
-           "kernels.bench.asv_tools", "kernels.cli")
+# What the fork server does before any mutant runs (mutmut's "import" warm-up, through a
+# module written into the scratch tree), so a mutant pays pytest's collection and its tests,
+# not the imports of JAX, torch, Triton and every registered kernel (about 6 s a mutant on two
+# busy cores). It starts no JAX backend; `check_warmup` checks that it stays so.
+WARMUP = """\
+from kernels.core import environment
+
+environment.configure()  # Triton's interpreter and JAX's host devices, before they import
+import jax.numpy  # noqa: E402
+import numpy  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kernels.core import checking, registry, timing  # noqa: E402
+from kernels.bench import asv_tools, perfcheck  # noqa: E402
+from kernels.roofline import ceilings, floors, model  # noqa: E402
+
+registry.load()
+"""
+WARMUP_MODULE = "mutation_warmup"
 
 # Mutants no test can kill because the program means the same with or without the change:
 # "module.function__mutmut_N": why. Reviewed by hand; keep the reason to one line. N is
@@ -247,7 +260,8 @@ def _prepare(target: Target) -> pathlib.Path:
         shutil.copy2(ROOT / name, work / name)
     # mutmut's test processes put mutants/ on sys.path; made now, so it exists when they start.
     (work / "mutants").mkdir(exist_ok=True)
-    (work / "preload.txt").write_text("\n".join(PRELOAD) + "\n")
+    (work / f"{WARMUP_MODULE}.py").write_text(WARMUP)
+    (work / "preload.txt").write_text(WARMUP_MODULE + "\n")
     project = (ROOT / "pyproject.toml").read_text()
     settings = {
         "source_paths": ["kernels"],
@@ -268,20 +282,18 @@ def _prepare(target: Target) -> pathlib.Path:
     return work
 
 
-def check_preload() -> None:
-    """Raise if importing PRELOAD starts a JAX backend (the fork server's children would then
-    share its XLA threads, see Target.isolation)."""
-    code = ("import importlib, sys\n"
-            "for name in sys.argv[1:]: importlib.import_module(name)\n"
-            "from jax._src import xla_bridge\n"
+def check_warmup() -> None:
+    """Raise if the fork server's warm-up fails or starts a JAX backend (its children would
+    then share its XLA threads, see Target.isolation)."""
+    code = (WARMUP + "from jax._src import xla_bridge\n"
+            "import sys\n"
             "sys.exit(3 if xla_bridge._backends else 0)\n")
-    done = subprocess.run([sys.executable, "-c", code, *PRELOAD], cwd=ROOT, check=False,
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=False,
                           capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
     if done.returncode:
-        raise RuntimeError(f"PRELOAD: importing {PRELOAD} "
-                           + ("started a JAX backend" if done.returncode == 3 else
-                              f"failed: {done.stderr[-1000:]}"))
+        raise RuntimeError("WARMUP " + ("started a JAX backend" if done.returncode == 3 else
+                                        f"failed: {done.stderr[-1000:]}"))
 
 
 def _existing(tests: tuple[str, ...]) -> list[str]:
@@ -426,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"TARGET: expected some of {names}, got {unknown}")
     chosen = [t for t in TARGETS if not args.targets or t.name in args.targets]
     if not args.report_only:
-        check_preload()
+        check_warmup()
     failed = False
     for target in chosen:
         minutes = None
