@@ -123,23 +123,29 @@ TARGETS = (
 )
 
 # What the fork server does before any mutant runs (mutmut's "import" warm-up, through a
-# module written into the scratch tree), so a mutant pays pytest's collection and its tests,
-# not the imports of JAX, torch, Triton and every registered kernel (about 6 s a mutant on two
-# busy cores). It starts no JAX backend; `check_warmup` checks that it stays so.
+# module written into the scratch tree's mutants/, which is on its path), so a mutant pays
+# pytest's collection and its tests, not the imports of JAX, torch and Triton (seconds a
+# mutant). Only other packages' modules: ours are imported afresh by each mutant's tests, so
+# the functions that build tables at import (the datasheet, the floors, the cases) run with
+# the mutant in place. It starts no JAX backend; `check_warmup` checks that it stays so.
 WARMUP = """\
 from kernels.core import environment
 
 environment.configure()  # Triton's interpreter and JAX's host devices, before they import
+import flax.nnx  # noqa: E402
+import jax.experimental.pallas  # noqa: E402
 import jax.numpy  # noqa: E402
 import numpy  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import triton  # noqa: E402
 
-from kernels.core import checking, registry, timing  # noqa: E402
-from kernels.bench import asv_tools, perfcheck  # noqa: E402
-from kernels.roofline import ceilings, floors, model  # noqa: E402
+import sys  # noqa: E402
 
-registry.load()
+# environment alone of ours, whose functions no target mutates: forget it, so the tests
+# import the package as if nothing had.
+for name in [n for n in sys.modules if n == "kernels" or n.startswith("kernels.")]:
+    del sys.modules[name]
 """
 WARMUP_MODULE = "mutation_warmup"
 
@@ -260,7 +266,7 @@ def _prepare(target: Target) -> pathlib.Path:
         shutil.copy2(ROOT / name, work / name)
     # mutmut's test processes put mutants/ on sys.path; made now, so it exists when they start.
     (work / "mutants").mkdir(exist_ok=True)
-    (work / f"{WARMUP_MODULE}.py").write_text(WARMUP)
+    (work / "mutants" / f"{WARMUP_MODULE}.py").write_text(WARMUP)
     (work / "preload.txt").write_text(WARMUP_MODULE + "\n")
     project = (ROOT / "pyproject.toml").read_text()
     settings = {
@@ -274,6 +280,9 @@ def _prepare(target: Target) -> pathlib.Path:
         "process_isolation": target.isolation,
         "forkserver_warmup": "import",
         "preload_modules_file": str(work / "preload.txt"),
+        # A mutant's tests may run this long past their own time before they count as hung
+        # (and killed): mutmut's 1 s let a busy machine's slow start read as a kill.
+        "timeout_constant": 30.0,
         "debug": bool(os.environ.get("MUTATION_DEBUG")),
     }
     lines = ["", "[tool.mutmut]"] + [f"{key} = {json.dumps(value)}"
