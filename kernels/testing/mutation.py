@@ -53,6 +53,10 @@ class Target:
     # "fork": from mutmut's own process, which ran the tests once (for tests that never touch
     # a JAX backend).
     isolation: str = "forkserver"
+    # Whether the fork server may also import our package (the registry and every kernel
+    # module, a few seconds a mutant): only where none of the target's functions runs at
+    # import, since a function the server ran at import never meets its mutants.
+    preload_package: bool = True
 
     def __post_init__(self) -> None:
         if not self.modules or not self.tests:
@@ -91,7 +95,8 @@ TARGETS = (
                                      "kernels/roofline/ceilings.py"),
            tests=("correctness_tests/test_roofline_model.py",
                   "correctness_tests/test_measurement.py", "perf_tests/tests/test_perfcheck.py",
-                  "-k", "place or roof or ceiling or datasheet or floor")),
+                  "-k", "place or roof or ceiling or datasheet or floor"),
+           preload_package=False),  # the datasheet and the floor tables are built at import
     Target(name="perfcheck", modules=("kernels/bench/perfcheck.py",),
            tests=("perf_tests/tests/test_perfcheck.py",)),
     # The gate's verdicts are being rewritten (noise-following thresholds, a confirmation
@@ -119,15 +124,16 @@ TARGETS = (
            tests=("correctness_tests/test_registry.py", "correctness_tests/test_cli_errors.py",
                   "correctness_tests/test_validation.py",
                   "correctness_tests/test_api_inputs.py", "-k",
-                  "check_ or number or index_range or config or interpret_flag or refuses")),
+                  "check_ or number or index_range or config or interpret_flag or refuses"),
+           preload_package=False),  # positive_int and friends are made at import
 )
 
 # What the fork server does before any mutant runs (mutmut's "import" warm-up, through a
 # module written into the scratch tree's mutants/, which is on its path), so a mutant pays
-# pytest's collection and its tests, not the imports of JAX, torch and Triton (seconds a
-# mutant). Only other packages' modules: ours are imported afresh by each mutant's tests, so
-# the functions that build tables at import (the datasheet, the floors, the cases) run with
-# the mutant in place. It starts no JAX backend; `check_warmup` checks that it stays so.
+# pytest's start and its own tests, not the imports of JAX, torch, Triton and our kernels
+# (seconds a mutant). Where a target's functions run at import (`preload_package=False`), our
+# package is left to each mutant's tests to import, so the tables it builds at import see the
+# mutant. It starts no JAX backend; `check_warmup` checks that it stays so.
 WARMUP = """\
 from kernels.core import environment
 
@@ -139,11 +145,19 @@ import numpy  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
+"""
+# With Target.preload_package: the registry, every kernel module, and the test plugins.
+WARMUP_PACKAGE = """\
+from kernels.core import devices, registry  # noqa: E402
+from kernels.testing import compilation_cache_plugin, phases_plugin, scheduling  # noqa: E402
 
+registry.load()
+"""
+# Without: forget `environment` too (no target mutates it), so the tests import the package
+# as if nothing had.
+WARMUP_FORGET = """\
 import sys  # noqa: E402
 
-# environment alone of ours, whose functions no target mutates: forget it, so the tests
-# import the package as if nothing had.
 for name in [n for n in sys.modules if n == "kernels" or n.startswith("kernels.")]:
     del sys.modules[name]
 """
@@ -266,7 +280,8 @@ def _prepare(target: Target) -> pathlib.Path:
         shutil.copy2(ROOT / name, work / name)
     # mutmut's test processes put mutants/ on sys.path; made now, so it exists when they start.
     (work / "mutants").mkdir(exist_ok=True)
-    (work / "mutants" / f"{WARMUP_MODULE}.py").write_text(WARMUP)
+    warmup = WARMUP + (WARMUP_PACKAGE if target.preload_package else WARMUP_FORGET)
+    (work / "mutants" / f"{WARMUP_MODULE}.py").write_text(warmup)
     (work / "preload.txt").write_text(WARMUP_MODULE + "\n")
     project = (ROOT / "pyproject.toml").read_text()
     settings = {
@@ -274,7 +289,10 @@ def _prepare(target: Target) -> pathlib.Path:
         "only_mutate": list(target.modules),
         "also_copy": ["correctness_tests", "perf_tests", "conftest.py", "asv.conf.json"],
         # One worker per child: the machine is shared, and each test process imports JAX.
-        "pytest_add_cli_args": ["-p", "no:cacheprovider", "-p", "no:xdist", "-q"],
+        # unraisableexception: its gc.collect() at exit walks JAX's and torch's heap, most of a
+        # second per mutant.
+        "pytest_add_cli_args": ["-p", "no:cacheprovider", "-p", "no:xdist", "-p",
+                                "no:unraisableexception", "-q"],
         "pytest_add_cli_args_test_selection": _existing(target.tests),
         "use_git_change_detection": False,
         "process_isolation": target.isolation,
@@ -294,7 +312,7 @@ def _prepare(target: Target) -> pathlib.Path:
 def check_warmup() -> None:
     """Raise if the fork server's warm-up fails or starts a JAX backend (its children would
     then share its XLA threads, see Target.isolation)."""
-    code = (WARMUP + "from jax._src import xla_bridge\n"
+    code = (WARMUP + WARMUP_PACKAGE + "from jax._src import xla_bridge\n"
             "import sys\n"
             "sys.exit(3 if xla_bridge._backends else 0)\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=False,
