@@ -256,3 +256,41 @@ def test_compare_of_a_commit_with_itself_says_so(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "main and HEAD are the same commit (cccccccc): nothing to compare" in out
     assert "1.000" not in out and "Softmax.time_device" in out
+
+
+# Which way a unit is better follows from what it measures: a rate or a ratio of speeds is
+# better higher, a time or a size lower. A unit neither rule knows needs a decision here.
+def _lower_is_better(unit: str) -> bool:
+    if unit.endswith("/s") or unit in ("x", "of roof"):
+        return False  # work per second, speedup, fraction of the roofline
+    if unit in ("s", "B") or unit.startswith("us"):
+        return True  # device or host time, bytes of memory
+    raise AssertionError(f"unit {unit!r}: say here whether more of it is better")
+
+
+def test_each_metrics_direction_follows_its_unit():
+    assert set(asv_tools.UNITS) == set(asv_tools.LOWER_IS_BETTER)
+    for metric, unit in asv_tools.UNITS.items():
+        assert asv_tools.LOWER_IS_BETTER[metric] == _lower_is_better(unit), (metric, unit)
+
+
+@pytest.mark.parametrize("metric", sorted(asv_tools.LOWER_IS_BETTER))
+def test_a_change_in_each_metric_reads_the_right_way_up(metric):
+    """Every metric of the table, halved and doubled: a drop in a higher-is-better metric is
+    worse and a rise better; the other way round for lower-is-better ones."""
+    name = f"benchmarks.Softmax.{metric}"
+    lower = asv_tools.LOWER_IS_BETTER[metric]
+    timed = metric.startswith("time_")
+    _, drop = asv_tools.verdict(name, _tracked(2.0), _tracked(1.0), min_gap=0.05)
+    _, rise = asv_tools.verdict(name, _tracked(1.0), _tracked(2.0), min_gap=0.05)
+    good, bad = ("faster", "slower") if timed else ("better (no samples)", "worse (no samples)")
+    assert (drop, rise) == ((good, bad) if lower else (bad, good)), metric
+
+
+def test_the_default_gap_is_the_readmes():
+    """README: `same` (within 5%); the verdicts' default gap must say the same."""
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (percent,) = re.findall(r"`same` \(within (\d+)%\)", readme)
+    assert asv_tools.DEFAULT_MIN_GAP == pytest.approx(int(percent) / 100)

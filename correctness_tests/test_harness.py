@@ -75,6 +75,33 @@ def test_unwritten_output_is_caught_by_poisoning(planted):
         checking.check(impl, SOFTMAX_CASE, seed=0, gradients=False)
 
 
+def test_unwritten_gradient_is_caught_by_poisoning(planted):
+    """The gradients run under the same NaN poisoning as the output: a backward that leaves
+    a column of its own buffer unwritten fails on NaN in dx, whatever torch.empty held."""
+    torch = pytest.importorskip("torch")
+    poisoned = []
+
+    class SkipsLastColumnOfDx(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = torch.softmax(x, dim=-1)
+            ctx.save_for_backward(y)
+            return y
+
+        @staticmethod
+        def backward(ctx, dy):
+            (y,) = ctx.saved_tensors
+            poisoned.append(frameworks.poisoning())
+            dx = frameworks.torch_empty(y.shape, y.dtype, y.device)
+            dx[:, :-1] = (y * (dy - (y * dy).sum(dim=-1, keepdim=True)))[:, :-1]
+            return dx
+
+    impl = planted("dx-skips-last-column", SkipsLastColumnOfDx.apply, framework="torch")
+    with pytest.raises(checking.CheckFailure, match=r" dx: 6 of 1800 elements are NaN"):
+        checking.check(impl, SOFTMAX_CASE, seed=0)
+    assert poisoned == [True]
+
+
 def test_modified_input_is_caught(planted):
     torch = pytest.importorskip("torch")
 

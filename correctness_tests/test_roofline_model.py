@@ -6,11 +6,37 @@ from __future__ import annotations
 import pytest
 
 from kernels.core import registry
-from kernels.roofline import ceilings, model
+from kernels.roofline import ceilings, floors, model
 
 BANDWIDTH = 2.0**40  # bytes/s
 PEAK = 2.0**44  # FLOP/s: the ridge at 16 FLOP/byte
 CEILING = ceilings.Ceiling("test device", "measured", BANDWIDTH, {"bf16": PEAK})
+
+
+# First in the file on purpose: the datasheet and the floor tables are built when their modules
+# are imported, and mutmut credits what runs at import to the first test it sees run (make
+# mutation's roofline target starts with this file), so this is the test their mutants meet.
+def test_the_tables_built_at_import_are_whole():
+    """Every datasheet peak is positive, dense at most half the 2:4 sparse headline (to the
+    datasheet's rounding) and the H100 SXM's bf16 is 989.4 TFLOP/s dense; every floor names a
+    registered kernel of a GPU the datasheet knows, and no two floors of a model cover the
+    same kernel, direction and case."""
+    for name, entry in ceilings.DATASHEET.items():
+        assert entry.bandwidth > 0 and entry.peaks and entry.source, name
+        for dtype, peak in entry.peaks.items():
+            assert peak.dense > 0, (name, dtype)
+            if peak.sparse is not None:
+                assert peak.dense == pytest.approx(peak.sparse / 2, rel=0.02), (name, dtype)
+    h100 = ceilings.datasheet("NVIDIA H100 80GB HBM3")
+    assert h100.flops["bf16"] == pytest.approx(989.45e12, rel=1e-4)
+    assert h100.peak("f32") == pytest.approx(494.7e12, rel=1e-4)
+    for model_name, table in floors.FLOORS.items():
+        assert model_name in ceilings.DATASHEET
+        keys = [(f.op, f.impl, f.direction, f.case) for f in table]
+        assert len(keys) == len(set(keys)), model_name
+        for floor in table:
+            assert isinstance(floor.op, str) and isinstance(floor.impl, str), floor
+            registry.implementation(floor.op, floor.impl)
 
 
 def test_placement_dict_carries_the_verdict():

@@ -76,6 +76,40 @@ def test_floor_tables_name_real_kernels_baselines_and_roofs(device_name):
         assert len(floor.reason) <= 200, f"{floor.op}-{floor.impl}: reason is one line"
 
 
+def test_each_gpu_model_is_judged_by_its_own_floors_only():
+    """A floor records what one GPU model measured: no floor (object or reason) is shared
+    between two models' tables, and every other model the datasheet knows has no table, so
+    its runs record and skip instead of being held to another model's numbers."""
+    owners: dict[int, list[str]] = {}
+    reasons: dict[str, list[str]] = {}
+    for model_name, table in floors.FLOORS.items():
+        for floor in table:
+            owners.setdefault(id(floor), []).append(model_name)
+        for reason in {floor.reason for floor in table}:
+            reasons.setdefault(reason, []).append(model_name)
+    assert all(len(models) == 1 for models in owners.values()), owners
+    assert all(len(models) == 1 for models in reasons.values()), \
+        {reason: models for reason, models in reasons.items() if len(models) > 1}
+    for model_name in set(ceilings.DATASHEET) - set(floors.FLOORS):
+        assert floors.table(model_name) is None, model_name
+        assert floors.floor_for(model_name, "softmax", "pallas", "f32-32768x4096", "fwd") is None
+    for model_name, table in floors.FLOORS.items():
+        assert floors.table(model_name) is table
+
+
+def test_floor_for_reads_the_named_models_table(monkeypatch):
+    """The floor comes from the asked model's table, not another's: two models, one floor
+    each, same kernel."""
+    fields = dict(op="softmax", impl="pallas", against="baseline")
+    slow = floors.Floor(**fields, fraction=0.2, reason="model A's run")
+    fast = floors.Floor(**fields, fraction=0.9, reason="model B's run")
+    monkeypatch.setattr(floors, "FLOORS", {"GPU A": (slow,), "GPU B": (fast,)})
+    assert floors.floor_for("GPU A", "softmax", "pallas", "f32-1x1", "fwd") is slow
+    assert floors.floor_for("GPU B", "softmax", "pallas", "f32-1x1", "fwd") is fast
+    assert floors.floor_for("GPU C", "softmax", "pallas", "f32-1x1", "fwd") is None
+    assert floors.table("GPU B") == (fast,) and floors.table("GPU C") is None
+
+
 def test_the_most_specific_floor_wins_and_ties_are_refused(monkeypatch):
     picked = floors.floor_for(H100, "softmax", "pallas", "f32-256x1024", "bwd")
     assert (picked.case, picked.direction, picked.against) == ("256x1024", "bwd", "baseline")
