@@ -110,3 +110,159 @@ def test_interconnect_needs_bytes_devices_and_a_bandwidth(comm_bytes, devices, i
 def test_two_devices_use_the_interconnect_roof():
     placed = _sharded(comm_bytes=2.0**34, seconds=16.0, devices=2)
     assert placed.bound == "interconnect" and placed.fraction == 0.5  # 8 s of 16
+
+
+# Ceilings: which roof a dtype reads, and where measured ceilings come from.
+
+def test_f32_reads_the_tf32_roof_and_a_missing_dtype_falls_back_to_f32():
+    both = ceilings.Ceiling("d", "datasheet", 1.0, {"tf32": 8.0, "f32": 2.0, "bf16": 16.0})
+    assert (both.peak("f32"), both.peak("tf32"), both.peak("bf16"), both.peak("fp8")) == \
+        (8.0, 8.0, 16.0, 2.0)
+    ffma = ceilings.Ceiling("d", "measured", 1.0, {"f32": 2.0})
+    assert (ffma.peak("f32"), ffma.peak("tf32"), ffma.peak("bf16")) == (2.0, 2.0, 2.0)
+    with pytest.raises(KeyError, match=r"measured ceilings of d have no peak for 'f32' nor f32; "
+                                       r"they have \['bf16'\]"):
+        ceilings.Ceiling("d", "measured", 1.0, {"bf16": 16.0}).peak("f32")
+
+
+def test_scaled_ceilings_multiply_every_roof_and_name_the_count():
+    one = ceilings.Ceiling("GPU", "measured", 3.0, {"bf16": 5.0, "f32": 7.0}, "copy", "cupti")
+    assert one.scaled(1) is one
+    four = one.scaled(4)
+    assert (four.device, four.bandwidth, four.flops) == ("4 x GPU", 12.0,
+                                                          {"bf16": 20.0, "f32": 28.0})
+    assert (four.kind, four.source, four.method) == ("measured", "copy", "cupti")
+    assert ceilings.Ceiling.from_dict(four.to_dict()) == four
+
+
+def test_datasheet_ceilings_are_the_dense_rates_with_their_source():
+    sheet = ceilings.datasheet("NVIDIA H200")
+    entry = ceilings.DATASHEET["NVIDIA H200"]
+    assert (sheet.device, sheet.kind, sheet.bandwidth, sheet.source) == \
+        ("NVIDIA H200", "datasheet", 4.8e12, entry.source)
+    assert sheet.flops == {dtype: peak.dense for dtype, peak in entry.peaks.items()}
+    assert sheet.method is None
+
+
+def test_measured_ceilings_are_cached_per_model_under_kernelperf_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELPERF_CACHE", str(tmp_path))
+    assert ceilings.cache_path("test-gpu") == tmp_path / "ceilings" / "test-gpu.json"
+    monkeypatch.delenv("KERNELPERF_CACHE")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert ceilings.cache_path("m") == tmp_path / "home" / ".cache" / "kernelperf" / \
+        "ceilings" / "m.json"
+
+
+def _cpu(name: str = "Test CPU"):
+    from kernels.core import fingerprint
+
+    return fingerprint.Fingerprint(
+        platform="cpu", name=name, model=fingerprint.normalise(name), sm_count=None,
+        memory_bytes=None, l2_bytes=None, compute_capability=None, driver=None, cuda=None,
+        default_sm_mhz=None, max_sm_mhz=None, versions=())
+
+
+def test_measured_ceilings_are_measured_once_then_read_back(tmp_path, monkeypatch):
+    """No cache: measured (here a made-up measurement) and written with the device; then read
+    back without measuring; `refresh` measures again; `allow_measure=False` never measures."""
+    monkeypatch.setenv("KERNELPERF_CACHE", str(tmp_path))
+    device = _cpu()
+    calls = []
+
+    def fake_measure(dev):
+        calls.append(dev)
+        return ceilings.Ceiling(dev.name, "measured", 1e11 * len(calls), {"f32": 1e12},
+                                method=ceilings.default_method(dev))
+
+    monkeypatch.setattr(ceilings, "measure", fake_measure)
+    assert ceilings.measured(device, allow_measure=False) is None and not calls
+    first = ceilings.measured(device)
+    assert calls == [device] and first.bandwidth == 1e11
+    import json
+
+    written = json.loads(ceilings.cache_path(device.model).read_text())
+    assert written["ceiling"] == first.to_dict() and written["fingerprint"]["name"] == "Test CPU"
+    assert ceilings.measured(device) == first and len(calls) == 1
+    assert ceilings.measured(device, refresh=True).bandwidth == 2e11 and len(calls) == 2
+    assert not list(ceilings.cache_path(device.model).parent.glob("*.tmp"))
+
+
+def test_a_cpu_has_no_datasheet_and_no_warning(tmp_path, monkeypatch):
+    import warnings
+
+    monkeypatch.setenv("KERNELPERF_CACHE", str(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ceilings.for_device(_cpu("NVIDIA H100 80GB HBM3"), allow_measure=False) == \
+            (None, None)
+    assert ceilings.default_method(_cpu()) == "host-clock"
+
+
+def test_measure_takes_the_fastest_candidate_and_derives_each_roof(monkeypatch):
+    """measure() with the timer replaced by known medians: the copy's bandwidth is bytes read
+    plus written over the fastest copy's time, each product's rate 2 n^3 over the fastest
+    product's time, and the notes name what was timed."""
+    pytest.importorskip("torch")
+    from kernels.core import timing
+
+    medians = {"torch neg": 4e-3, "xla neg": 2e-3, "torch matmul f32": 0.5}
+
+    def fake_time(timeable, *, regime, rule, device):
+        assert regime == ("hot" if "neg" in timeable.label else "cold")
+        assert (rule.min_samples, rule.time_budget_s) == (5, 1.0)
+        return timing.Measurement.from_samples(
+            [medians[timeable.label]], label=timeable.label, method="host-clock",
+            regime=regime, stop_reason="converged", fingerprint={})
+
+    monkeypatch.setattr(timing, "time_timeable", fake_time)
+    monkeypatch.setattr(ceilings, "CPU_COPY_BYTES", 1 << 20)
+    monkeypatch.setattr(ceilings, "CPU_MATMUL", {"f32": 64})
+    roof = ceilings.measure(_cpu())
+    assert (roof.device, roof.kind, roof.method) == ("Test CPU", "measured", "host-clock")
+    assert roof.bandwidth == pytest.approx(2 * (1 << 20) / 2e-3)
+    assert roof.flops == {"f32": pytest.approx(2 * 64**3 / 0.5)}
+    assert roof.source == ("copy 1 MiB (xla neg: host-clock, n=1, converged); "
+                           "matmul f32 64^3 (torch matmul f32: host-clock, n=1, converged)")
+
+
+def test_measure_refuses_candidates_timed_by_different_clocks(monkeypatch):
+    pytest.importorskip("torch")
+    from kernels.core import timing
+
+    def fake_time(timeable, *, regime, rule, device):
+        method = "cupti" if timeable.framework == "jax" else "cuda-events"
+        return timing.Measurement.from_samples(
+            [1e-3], label=timeable.label, method=method, regime=regime,
+            stop_reason="converged", fingerprint={})
+
+    monkeypatch.setattr(timing, "time_timeable", fake_time)
+    monkeypatch.setattr(ceilings, "CPU_COPY_BYTES", 1 << 20)
+    with pytest.raises(RuntimeError, match="measured ceilings: taken by different clocks"):
+        ceilings.measure(_cpu())
+
+
+def test_copy_and_product_candidates_compute_what_they_are_named(monkeypatch):
+    """The copies negate `nbytes` of float32 ones (torch's and XLA's); the products multiply
+    two n x n matrices of the dtype (XLA's only for 16-bit types)."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    copies = ceilings._copy_kernels(1 << 12, "cpu")
+    assert [label for label, *_ in copies] == ["torch neg", "xla neg"]
+    for label, fn, framework, args in copies:
+        out = np.asarray(fn(*args)) if framework == "jax" else fn(*args).numpy()
+        assert out.shape == (1 << 10,) and np.all(out == -1), label
+    for dtype, labels in (("f32", ["torch matmul f32"]),
+                          ("bf16", ["torch matmul bf16", "xla matmul bf16"])):
+        products = ceilings._products(dtype, 8, "cpu")
+        assert [label for label, *_ in products] == labels
+        a, b = products[0][3]
+        assert a.shape == b.shape == (8, 8)
+        assert a.dtype == {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
+        assert not torch.equal(a, b)
+        for label, fn, framework, args in products:
+            out = fn(*args)
+            expected = (a.float() @ b.float()).numpy()
+            got = np.asarray(out, dtype=np.float32) if framework == "jax" else \
+                out.float().numpy()
+            np.testing.assert_allclose(got, expected, rtol=0.05, atol=0.3, err_msg=label)

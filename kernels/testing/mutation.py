@@ -24,6 +24,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import textwrap
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -57,6 +58,10 @@ class Target:
     # module, a few seconds a mutant): only where none of the target's functions runs at
     # import, since a function the server ran at import never meets its mutants.
     preload_package: bool = True
+    # Keyword arguments whose text is only shown to a reader (argparse's help=, metavar=): a
+    # surviving mutant that changes nothing but such a string is counted as equivalent
+    # ("text only"), so the score is about behaviour.
+    text_keywords: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.modules or not self.tests:
@@ -108,6 +113,7 @@ TARGETS = (
            tests=("correctness_tests/test_cli_errors.py", "correctness_tests/test_cli_defaults.py"),
            functions=("kernels.cli.*.x_add_commands__*", "kernels.cli.*.x__add_gate_power__*",
                       "kernels.cli.*.x__selection_arguments__*"),
+           text_keywords=("help", "metavar", "description"),
            scope="the functions that build the parsers (every option, default and type); the "
                  "handlers run asv, GPUs or ncu"),
     Target(name="work-models", modules=("kernels/ops/*/spec.py",),
@@ -359,6 +365,65 @@ def results(work: pathlib.Path) -> dict[str, str]:
     return statuses
 
 
+# Prints, for each mutant name read from stdin, the original and the mutated function's source
+# (mutmut's own reading of its mutants/ tree), as JSON.
+_SOURCES = """\
+import json, sys
+import libcst
+from mutmut.mutation import diff_apply
+
+modules, out = {}, {}
+for name in sys.stdin.read().split():
+    path = diff_apply.find_mutant(name).path
+    if path not in modules:
+        modules[path] = diff_apply.read_mutants_module(path)
+    module = modules[path]
+    out[name] = [libcst.Module([f]).code for f in (diff_apply.read_original_function(module, name),
+                                                   diff_apply.read_mutant_function(module, name))]
+print(json.dumps(out))
+"""
+
+
+def sources(work: pathlib.Path, names: list[str]) -> dict[str, tuple[str, str]]:
+    """mutant name -> (original function source, mutated function source)."""
+    if not names:
+        return {}
+    done = subprocess.run([sys.executable, "-c", _SOURCES], cwd=work, input=" ".join(names),
+                          text=True, capture_output=True, check=False,
+                          env=dict(os.environ, PYTHONPATH=str(work / "mutants")))
+    if done.returncode:
+        raise RuntimeError(f"reading mutants in {work}: {done.stderr[-2000:]}")
+    return {name: tuple(pair) for name, pair in json.loads(done.stdout).items()}
+
+
+def text_only(original: str, mutant: str, keywords: tuple[str, ...]) -> bool:
+    """Whether `mutant` differs from `original` (two versions of one function) only in string
+    constants passed as one of `keywords` (or that text replaced by None): the same program
+    but for what it shows a reader. Compared as syntax trees, the functions' names aside."""
+    import ast
+
+    def same(a, b, keyword: str | None) -> bool:
+        if type(a) is not type(b):
+            return (keyword in keywords and isinstance(a, ast.Constant)
+                    and isinstance(b, ast.Constant)
+                    and all(isinstance(c.value, (str, type(None))) for c in (a, b)))
+        if isinstance(a, ast.Constant):
+            return a.value == b.value or (keyword in keywords and all(
+                isinstance(c.value, (str, type(None))) for c in (a, b)))
+        if isinstance(a, ast.keyword):
+            return a.arg == b.arg and same(a.value, b.value, a.arg)
+        if isinstance(a, list):
+            return len(a) == len(b) and all(same(x, y, keyword)
+                                            for x, y in zip(a, b, strict=True))
+        if isinstance(a, ast.AST):
+            return all(same(getattr(a, f), getattr(b, f), keyword) for f in a._fields)
+        return a == b
+
+    first, second = (ast.parse(textwrap.dedent(code)).body[0] for code in (original, mutant))
+    return all(same(getattr(first, f), getattr(second, f), None)
+               for f in ("args", "body", "decorator_list", "returns"))
+
+
 KILLED = ("killed", "timeout", "segfault")  # a timeout: the mutant hung the tests
 # Not killed: it ran and passed, or no test of the target reached it (which is a survivor
 # too: a bug there would pass the target's tests).
@@ -396,11 +461,21 @@ class ModuleScore:
         return f"{100.0 * self.killed / self.scored:.0f}%" if self.scored else "-"
 
 
-def score_module(module: str, statuses: dict[str, str]) -> ModuleScore:
-    """Score every mutant in `statuses` (all of one module's, in one target)."""
+TEXT_ONLY = "text only: changes nothing but a string shown to a reader (help, metavar)"
+
+
+def equivalent_reason(name: str, text: frozenset[str] = frozenset()) -> str | None:
+    """Why `name` is equivalent: its line in EQUIVALENT, or TEXT_ONLY; None if it is not."""
+    return EQUIVALENT.get(name) or (TEXT_ONLY if name in text else None)
+
+
+def score_module(module: str, statuses: dict[str, str],
+                 text: frozenset[str] = frozenset()) -> ModuleScore:
+    """Score every mutant in `statuses` (all of one module's, in one target); `text`: the
+    survivors found to change only text (`text_only`), counted as equivalent."""
     killed, equivalent, explained, survivors, not_run = 0, [], [], [], []
     for name, status in sorted(statuses.items()):
-        if name in EQUIVALENT:
+        if equivalent_reason(name, text) and status not in KILLED:
             equivalent.append(name)
         elif status in KILLED:
             killed += 1
@@ -417,18 +492,29 @@ def score_module(module: str, statuses: dict[str, str]) -> ModuleScore:
                        survivors=tuple(survivors), not_run=tuple(not_run))
 
 
-def score(target: Target, statuses: dict[str, str]) -> list[ModuleScore]:
+def score(target: Target, statuses: dict[str, str],
+          text: frozenset[str] = frozenset()) -> list[ModuleScore]:
     """The target's mutants (those its globs select), scored per module."""
     by_module: dict[str, dict[str, str]] = {}
     for name, status in statuses.items():
         if any(fnmatch.fnmatchcase(name, glob) for glob in target.globs):
             module = name.split(".x", 1)[0]
             by_module.setdefault(module, {})[name] = status
-    return [score_module(module, found) for module, found in sorted(by_module.items())]
+    return [score_module(module, found, text) for module, found in sorted(by_module.items())]
+
+
+def text_survivors(target: Target, work: pathlib.Path, statuses: dict[str, str]) -> frozenset[str]:
+    """The target's mutants left alive that change only `target.text_keywords` text."""
+    if not target.text_keywords:
+        return frozenset()
+    alive = [name for name, status in statuses.items() if status in NOT_KILLED
+             and any(fnmatch.fnmatchcase(name, glob) for glob in target.globs)]
+    return frozenset(name for name, (original, mutant) in sources(work, alive).items()
+                     if text_only(original, mutant, target.text_keywords))
 
 
 def report(target: Target, modules: list[ModuleScore], minutes: float | None,
-           verbose: bool) -> list[str]:
+           verbose: bool, text: frozenset[str] = frozenset()) -> list[str]:
     """The lines printed for one target: a score per module, then what is left alive."""
     took = f", {minutes:.1f} min" if minutes is not None else ""
     lines = [f"{target.name}{took}" + (f" (only {target.scope})" if target.scope else "")]
@@ -443,7 +529,8 @@ def report(target: Target, modules: list[ModuleScore], minutes: float | None,
             lines.append(f"    not run: {name}")
         if verbose:
             lines += [f"    left: {name}: {reason}" for name, reason in m.explained]
-            lines += [f"    equivalent: {name}: {EQUIVALENT[name]}" for name in m.equivalent]
+            lines += [f"    equivalent: {name}: {equivalent_reason(name, text)}"
+                      for name in m.equivalent]
     return lines
 
 
@@ -458,6 +545,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", action="store_true",
                         help="also list the equivalent mutants and the survivors left with "
                              "a reason")
+    parser.add_argument("--rerun-survivors", action="store_true",
+                        help="rerun only the mutants the last run left alive (after tests were "
+                             "added: a mutant a kept test killed stays killed)")
     parser.add_argument("--max-children", type=int, default=1)
     args = parser.parse_args(argv)
     unknown = sorted(set(args.targets) - set(names))
@@ -474,12 +564,20 @@ def main(argv: list[str] | None = None) -> int:
         else:
             start = time.monotonic()
             work = _prepare(target)
-            _mutmut(work, "run", "--max-children", str(args.max_children), *target.globs)
+            names = target.globs
+            if args.rerun_survivors:
+                names = tuple(name for name, status in results(work).items()
+                              if status not in KILLED
+                              and any(fnmatch.fnmatchcase(name, g) for g in target.globs))
+            if names:
+                _mutmut(work, "run", "--max-children", str(args.max_children), *names)
             minutes = (time.monotonic() - start) / 60
-        modules = score(target, results(work))
+        statuses = results(work)
+        text = text_survivors(target, work, statuses)
+        modules = score(target, statuses, text)
         failed |= any(m.survivors or m.not_run for m in modules)
         # Printed as each target ends: a whole run takes most of an hour.
-        print("\n".join(report(target, modules, minutes, args.verbose)), flush=True)
+        print("\n".join(report(target, modules, minutes, args.verbose, text)), flush=True)
     return 1 if failed else 0
 
 

@@ -131,6 +131,44 @@ def test_floor_rejects_bad_fields(bad, match):
         floors.Floor(**{**fields, **bad})
 
 
+def test_a_floor_describes_what_it_is_a_fraction_of():
+    fields = dict(op="softmax", impl="pallas", fraction=0.5, reason="why")
+    assert floors.Floor(**fields, against="roofline").describe() == \
+        "0.50 of the datasheet roofline"
+    assert floors.Floor(**fields, against="baseline").describe() == "0.50 of the best baseline"
+    assert floors.Floor(**fields, against="baseline", baseline="torch").describe() == \
+        "0.50 of baseline torch"
+
+
+@pytest.mark.parametrize("fraction", [1e-3, 1.0, 1.5])
+def test_floor_fractions_up_to_one_and_a_half_are_taken(fraction):
+    floor = floors.Floor(op="softmax", impl="pallas", against="roofline", fraction=fraction,
+                         reason="why", direction="bwd", case="1x1")
+    assert floor.matches("softmax", "pallas", "f32-1x1", "bwd")
+    assert not floor.matches("softmax", "pallas", "f32-1x1", "fwd")
+    assert not floor.matches("softmax", "pallas", "f32-2x2", "bwd")
+    assert not floor.matches("softmax", "triton", "f32-1x1", "bwd")
+    assert not floor.matches("matmul", "pallas", "f32-1x1", "bwd")
+    assert floor.specificity == (True, True)
+
+
+def test_floor_rejects_a_fraction_above_one_and_a_half_naming_it():
+    with pytest.raises(ValueError, match=r"^fraction: expected 0 < fraction <= 1.5, got 1.6$"):
+        floors.Floor(op="softmax", impl="pallas", against="roofline", fraction=1.6, reason="r")
+
+
+def test_floors_made_for_several_kernels_share_everything_but_the_kernel():
+    made = floors._floors("softmax", ("pallas", "triton"), "baseline", 0.4, "shared reason",
+                          direction="bwd", case="256x1024")
+    assert [f.impl for f in made] == ["pallas", "triton"]
+    assert {(f.op, f.against, f.fraction, f.reason, f.direction, f.case, f.baseline)
+            for f in made} == {("softmax", "baseline", 0.4, "shared reason", "bwd",
+                                "256x1024", None)}
+    (one,) = floors._floors("matmul", "cuda_sgemm", "baseline", 0.6, "r", baseline="torch")
+    assert (one.impl, one.baseline, one.direction, one.case) == ("cuda_sgemm", "torch", None,
+                                                                 None)
+
+
 # Verdicts
 
 
@@ -263,3 +301,172 @@ def test_asv_does_not_import_the_pytest_side():
     # asv's discovery imports every module of the perf_tests package (benchmark_dir).
     here = pathlib.Path(__file__).parent
     assert (here.parent / "__init__.py").exists() and not (here / "__init__.py").exists()
+
+
+# Which kernels are timed, how long, and what each record carries
+
+def _machine(platform: str):
+    from kernels.core import devices
+
+    return devices.Machine(platform=platform, device_kind="test", device_count=1,
+                           compute_capability=(9, 0) if platform == "gpu" else None)
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+def test_perf_items_are_every_kernel_bench_case_and_direction_it_has(platform):
+    """One item per (our kernel, bench case of the platform, direction it runs), baselines
+    never; on CPU only CPU_IMPLEMENTATIONS run, every other runnable item says why not."""
+    from kernels.core import devices
+
+    machine = _machine(platform)
+    items = perfcheck.perf_items(machine)
+    expected = {(impl.id, case.id, direction)
+                for op in registry.operations()
+                for case in registry.bench_cases(op, platform)
+                for direction in registry.DIRECTIONS
+                for impl in registry.implementations(op.name)
+                if not impl.baseline and registry.has_direction(impl, direction)}
+    assert {(i.impl.id, i.case.id, i.direction) for i in items} == expected
+    assert len(items) == len(expected)
+    for item in items:
+        unavailable = devices.case_unavailable_reason(item.impl, item.case, machine)
+        timed_here = platform == "gpu" or \
+            (item.impl.op, item.impl.name) in perfcheck.CPU_IMPLEMENTATIONS
+        if unavailable:
+            assert item.skip_reason == unavailable, item.id
+        elif timed_here:
+            assert item.skip_reason is None, item.id
+        else:
+            assert item.skip_reason.startswith("on CPU the perf tests time only softmax-pallas")
+        assert item.id == f"{item.impl.id}-{item.case.id}-{item.direction}"
+        assert item.group == f"{item.case.op} {item.case.id} {item.direction}"
+    if platform == "cpu":
+        assert any(i.skip_reason is None for i in items)
+
+
+def test_baselines_for_are_the_operations_baselines_that_run_the_case_here():
+    from kernels.core import devices
+
+    _, impl, case = _softmax("f32-256x1024")
+    for platform in ("gpu", "cpu"):
+        machine = _machine(platform)
+        for direction in registry.DIRECTIONS:
+            found = perfcheck.baselines_for(impl, case, direction, machine)
+            for peer in registry.implementations("softmax"):
+                runs = (peer.baseline and registry.has_direction(peer, direction)
+                        and devices.case_unavailable_reason(peer, case, machine) is None)
+                assert (peer in found) == runs, (platform, direction, peer.name)
+    assert perfcheck.baselines_for(impl, case, "fwd", _machine("gpu"))
+
+
+def test_stopping_rule_is_the_budget_asked_for_and_fewer_samples_on_cpu(monkeypatch):
+    monkeypatch.delenv(perfcheck.BUDGET_VARIABLE, raising=False)
+    gpu = perfcheck.stopping_rule(_device())
+    assert gpu == timing.StoppingRule(time_budget_s=perfcheck.GPU_BUDGET_S)
+    cpu = perfcheck.stopping_rule(_device("AMD EPYC", "cpu"))
+    assert cpu == timing.StoppingRule(time_budget_s=perfcheck.CPU_BUDGET_S,
+                                      min_samples=perfcheck.CPU_MIN_SAMPLES)
+    monkeypatch.setenv(perfcheck.BUDGET_VARIABLE, "2.5")
+    assert perfcheck.stopping_rule(_device()).time_budget_s == 2.5
+    monkeypatch.setenv(perfcheck.BUDGET_VARIABLE, "")
+    assert perfcheck.stopping_rule(_device()).time_budget_s == perfcheck.GPU_BUDGET_S
+    monkeypatch.setenv(perfcheck.BUDGET_VARIABLE, "soon")
+    with pytest.raises(ValueError, match=r"^KERNELPERF_PERF_BUDGET: expected seconds as a "
+                                         r"number, got 'soon'$"):
+        perfcheck.stopping_rule(_device())
+
+
+def test_extra_info_carries_every_number_of_the_verdict():
+    op, impl, case = _softmax()
+    measured = _measurement(2e-3)
+    baselines = {"xla": _measurement(1e-3, label="xla")}
+    sheet = _sheet_placement(op, case, 2e-3)
+    floor = floors.floor_for(H100, "softmax", "pallas", case.id, "fwd")
+    verdict = _judge(measured, baselines, sheet, floor)
+    work = op.work(case, "fwd")
+    info = perfcheck.extra_info(measured=measured, work=work, sheet=sheet, measured_roof=None,
+                                verdict=verdict, baselines=baselines, device=_device(),
+                                baseline_errors={"torch": "boom"})
+    assert info["clock_method"] == "cupti" and info["regime"] == "cold"
+    assert info["stop_reason"] == "converged" and info["throttled_samples"] == 0
+    assert info["cv"] == pytest.approx(measured.cv)
+    assert info["tflops"] == pytest.approx(work.flops / 2e-3 / 1e12)
+    assert info["gbps"] == pytest.approx(work.bytes / 2e-3 / 1e9)
+    assert info["roofline_fraction"] == sheet.fraction
+    assert info["roofline_ceiling"] == sheet.ceiling and info["bound"] == sheet.bound
+    assert info["measured_roofline_fraction"] is None
+    assert info["speedup"] == pytest.approx(0.5) and info["best_baseline"] == "xla"
+    assert info["baselines"] == {"xla": {"median_s": 1e-3, "method": "cupti",
+                                         "cv": pytest.approx(baselines["xla"].cv)}}
+    assert info["baseline_errors"] == {"torch": "boom"}
+    assert info["floor"] == dataclasses.asdict(floor)
+    assert info["floor_value"] == verdict.value and info["floor_verdict"] == verdict.status
+    assert info["fingerprint"] == _device().to_dict()
+
+
+def test_extra_info_without_a_datasheet_uses_the_measured_roof_and_drops_infinite_cvs():
+    op, impl, case = _softmax()
+    one = timing.Measurement.from_samples([2e-3], label="m", method="host-clock",
+                                          regime="hot", stop_reason="max-samples",
+                                          fingerprint={})
+    roof = model.place(op.work(case, "fwd"), 2e-3,
+                       ceilings.Ceiling("cpu", "measured", 1e10, {"f32": 1e11}), case.dtype)
+    verdict = _judge(one, {}, None, None, device=_device("AMD EPYC", "cpu"), has_floors=False)
+    info = perfcheck.extra_info(measured=one, work=op.work(case, "fwd"), sheet=None,
+                                measured_roof=roof, verdict=verdict,
+                                baselines={"xla": one}, device=_device("AMD EPYC", "cpu"))
+    assert info["cv"] is None and info["baselines"]["xla"]["cv"] is None
+    assert info["roofline_fraction"] == roof.fraction == info["measured_roofline_fraction"]
+    assert info["roofline_ceiling"] == roof.ceiling and info["bound"] == roof.bound
+    assert info["floor"] is None and info["floor_value"] is None
+    assert info["floor_verdict"] == "skipped" and info["baseline_errors"] == {}
+    assert info["regime"] == "hot" and info["stop_reason"] == "max-samples"
+
+
+class _Benchmark:
+    """pytest-benchmark's fixture as `record` uses it: pedantic runs the target once per
+    round and keeps each round's duration by the fixture's timer (device_time)."""
+
+    def __init__(self, disabled: bool = False, keep=None):
+        self.extra_info, self.disabled, self.keep = {}, disabled, keep
+        self.stats = None
+
+    def pedantic(self, target, rounds, iterations, warmup_rounds):
+        assert (iterations, warmup_rounds) == (1, 0)
+        durations = []
+        for _ in range(rounds):
+            start = perfcheck.device_time()
+            target()
+            durations.append(perfcheck.device_time() - start)
+        if self.disabled:
+            return
+        import types
+
+        kept = durations if self.keep is None else self.keep(durations)
+        self.stats = types.SimpleNamespace(stats=types.SimpleNamespace(data=kept))
+
+
+def test_record_replays_the_device_samples_as_the_rounds():
+    measured = timing.Measurement.from_samples([1e-3, 3e-3, 2e-3], label="m", method="cupti",
+                                               regime="cold", stop_reason="converged",
+                                               fingerprint={})
+    bench = _Benchmark()
+    perfcheck.record(bench, measured, {"tflops": 1.0})
+    assert bench.extra_info == {"tflops": 1.0}
+    assert bench.stats.stats.data == pytest.approx([1e-3, 3e-3, 2e-3], rel=1e-9)
+    perfcheck.record(_Benchmark(disabled=True), measured, {})  # nothing recorded, no check
+    with pytest.raises(AssertionError, match=r"recorded 2 durations .* not the 3 device "
+                                             r"samples \(median 2.000e-03 s\)"):
+        perfcheck.record(_Benchmark(keep=lambda d: d[:2]), measured, {})
+    with pytest.raises(AssertionError, match="is its timer kernels.bench.perfcheck.device_time"):
+        perfcheck.record(_Benchmark(keep=lambda d: [x * 1.01 for x in d]), measured, {})
+
+
+def test_describe_measurement_names_its_clock_and_throttling():
+    m = timing.Measurement.from_samples([1e-3, 1e-3], throttled=[True, False], label="m",
+                                        method="cupti", regime="cold", stop_reason="converged",
+                                        fingerprint={})
+    assert perfcheck.describe_measurement(m) == \
+        "1000.00 us median (cupti, cold L2, 2 samples, cv 0.00%, converged, 1 throttled)"
+    assert perfcheck.describe_measurement(_measurement(2e-6)).startswith(
+        "2.00 us median (cupti, cold L2, 3 samples, cv 0.10%, converged)")
