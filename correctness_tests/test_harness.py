@@ -470,3 +470,92 @@ def test_chunked_generator_depends_on_the_seed_alone(monkeypatch):
     small = checking.ChunkedGenerator(7).standard_normal((10, 9), dtype=np.float32)
     assert np.array_equal(small, np.random.default_rng(7).standard_normal((10, 9),
                                                                           dtype=np.float32))
+
+
+# The harness's own guards on what an operation declares, and its settings.
+
+def _softmax_making(make):
+    """Softmax's declaration with its input maker replaced."""
+    import dataclasses
+
+    return dataclasses.replace(registry.operation("softmax"), make_inputs=make)
+
+
+def test_make_inputs_refuses_an_unknown_distribution_naming_the_known():
+    op = registry.operation("softmax")
+    with pytest.raises(ValueError, match=r"^distribution: expected one of \('normal', 'large'\), "
+                                         r"got 'uniform'$"):
+        checking.make_inputs(op, SOFTMAX_CASE, 0, "uniform")
+
+
+def test_make_inputs_refuses_inputs_of_another_dtype_or_all_zeros():
+    wrong_dtype = _softmax_making(lambda case, rng, dist: (np.ones((6, 300), np.float64),))
+    with pytest.raises(TypeError, match=r"^softmax.make_inputs: x has dtype float64, case wants "
+                                        r"float32$"):
+        checking.make_inputs(wrong_dtype, SOFTMAX_CASE, 0, "normal")
+    zeros = _softmax_making(lambda case, rng, dist: (np.zeros((6, 300), np.float32),))
+    with pytest.raises(ValueError, match=r"^softmax.make_inputs: x is all zeros; inputs must not "
+                                         r"be$"):
+        checking.make_inputs(zeros, SOFTMAX_CASE, 0, "normal")
+    empty = _softmax_making(lambda case, rng, dist: (np.zeros((0, 300), np.float32),))
+    assert checking.make_inputs(empty, SOFTMAX_CASE, 0, "normal")[0].size == 0
+
+
+def test_make_inputs_hands_the_seeded_generator_to_the_operation():
+    seen = []
+
+    def make(case, rng, dist):
+        seen.append((case, dist))
+        return (rng.standard_normal((6, 300), dtype=np.float32),)
+
+    first = checking.make_inputs(_softmax_making(make), SOFTMAX_CASE, 5, "large")[0]
+    again = checking.make_inputs(_softmax_making(make), SOFTMAX_CASE, 5, "large")[0]
+    np.testing.assert_array_equal(first, again)
+    np.testing.assert_array_equal(
+        first, np.random.default_rng(5).standard_normal((6, 300), dtype=np.float32))
+    assert seen == [(SOFTMAX_CASE, "large")] * 2
+
+
+def test_a_reference_has_gradients_exactly_when_it_has_a_cotangent():
+    x = np.ones(3, np.float32)
+    with pytest.raises(ValueError, match="^grads: expected exactly when a cotangent is given$"):
+        checking.Reference(inputs=(x,), output=x, cotangent=x)
+    with pytest.raises(ValueError, match="^grads: expected exactly when a cotangent is given$"):
+        checking.Reference(inputs=(x,), output=x, grads=(x,))
+    plain = checking.Reference(inputs=(x,), output=x)
+    assert not plain.with_grad and plain.nbytes == 24
+    full = checking.Reference(inputs=(x,), output=x, cotangent=x, grads=(x,),
+                              magnitudes=(None,), device_inputs=(x,))
+    assert full.with_grad and full.nbytes == 5 * 12
+
+
+def test_the_shared_reference_cache_is_sized_by_its_variable(monkeypatch):
+    make = checking.shared_references.__wrapped__  # the cache itself is one per process
+    monkeypatch.delenv(checking.CACHE_VARIABLE, raising=False)
+    assert make().max_bytes == checking.DEFAULT_CACHE_MB["cpu"] * 2**20
+    monkeypatch.setattr(checking.compat, "on_gpu", lambda: True)
+    assert make().max_bytes == checking.DEFAULT_CACHE_MB["gpu"] * 2**20
+    monkeypatch.setenv(checking.CACHE_VARIABLE, " 64 ")
+    assert make().max_bytes == 64 * 2**20
+    monkeypatch.setenv(checking.CACHE_VARIABLE, "lots")
+    with pytest.raises(ValueError, match=r"^KERNELPERF_REFERENCE_CACHE_MB: expected a whole "
+                                         r"number of MiB, got 'lots'$"):
+        make()
+    with pytest.raises(ValueError, match=r"^max_bytes: expected >= 0, got -1$"):
+        checking.ReferenceCache(-1)
+
+
+def test_the_harness_compiles_without_autotuning_on_a_gpu_only(monkeypatch):
+    """XLA's GPU autotuning is turned off for the harness's own programs (references,
+    comparisons) on a GPU, and no option is passed elsewhere."""
+    compiled = []
+
+    def recording_jit(fn, **options):
+        compiled.append(options)
+        return fn
+
+    monkeypatch.setattr(jax, "jit", recording_jit)
+    for platform, options in (("gpu", {"xla_gpu_autotune_level": 0}), (None, None)):
+        monkeypatch.setattr(checking, "_device_platform", lambda platform=platform: platform)
+        checking._jit_unautotuned(abs)
+        assert compiled.pop() == {"compiler_options": options}

@@ -489,3 +489,132 @@ def test_cases_are_built_from_dims_and_attention_flags():
     flags = argparse.Namespace(batch=[4], heads=None, head_dim=None, seq_lengths=None)
     with pytest.raises(validation.UserError, match="--batch: softmax has no such dimension"):
         measure_cli._attention_dims(op, flags)
+
+
+# Which sampler a GPU gets, without a GPU: the session, the flushes and torch's wait are fakes.
+
+def _gpu_device():
+    return fingerprint.Fingerprint(
+        platform="gpu", name="Test GPU", model="test-gpu", sm_count=132, memory_bytes=80 << 30,
+        l2_bytes=60 << 20, compute_capability="90", driver="580", cuda="13.0",
+        default_sm_mhz=1980, max_sm_mhz=1980, versions=())
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """CUPTI as a fake session; every flush a fake launch recording (bytes, wait); torch's
+    device wait a no-op. Yields (session, flushes)."""
+    from kernels.core import compat
+
+    session = FakeCuptiSession()
+    flushes = []
+
+    def flush_factory(kind):
+        def make(nbytes, wait=True):
+            flushes.append((kind, nbytes, wait))
+            return lambda: session.launch("flush", 9.0)
+        return make
+
+    monkeypatch.setattr(compat, "cupti_session", lambda: session)
+    for kind in ("jax", "torch"):
+        monkeypatch.setattr(timing, f"{kind}_flush", flush_factory(kind))
+    monkeypatch.delenv(timing.TORCH_TIMER_VARIABLE, raising=False)
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    timing._warn_no_cupti.cache_clear()
+    yield session, flushes
+    timing._warn_no_cupti.cache_clear()
+
+
+@pytest.mark.parametrize("framework", ["jax", "torch"])
+@pytest.mark.parametrize("regime", timing.REGIMES)
+def test_a_gpu_call_is_sampled_by_cupti_with_the_l2_flush_left_out(fake_gpu, framework, regime):
+    """On a GPU every framework is timed by CUPTI: a sample is the call's kernels alone; the
+    cold regime dispatches a flush of the whole L2 inside the session without waiting."""
+    session, flushes = fake_gpu
+    timeable = timing.Timeable("k", framework, lambda: session.launch("k", 2.0), (),
+                               on_gpu=True)
+    sampler, method = timing.make_sampler(timeable, regime, _gpu_device())
+    assert method == "cupti"
+    assert sampler.take(3) == pytest.approx([2e-3] * 3)
+    expected = [(framework, 60 << 20, False if framework == "jax" else True)]
+    assert flushes == (expected if regime == "cold" else [])
+    assert sampler.inner.flush_names == (["flush"] if regime == "cold" else [])
+    assert sampler.clocks == [None] * 3 and sampler.throttled == [False] * 3
+
+
+def test_torch_on_a_gpu_is_timed_by_events_when_asked_or_without_cupti(fake_gpu, monkeypatch):
+    from kernels.core import compat
+
+    session, flushes = fake_gpu
+    timeable = timing.Timeable("k", "torch", lambda: None, (), on_gpu=True)
+    monkeypatch.setenv(timing.TORCH_TIMER_VARIABLE, "cuda-events")
+    monkeypatch.setattr(compat, "cupti_session", lambda: pytest.fail("CUPTI asked for"))
+    sampler, method = timing.make_sampler(timeable, "cold", _gpu_device())
+    assert method == "cuda-events" and isinstance(sampler.inner, timing._CudaEventSampler)
+    assert sampler.inner.flush is not None and flushes == [("torch", 60 << 20, True)]
+    monkeypatch.delenv(timing.TORCH_TIMER_VARIABLE)
+    monkeypatch.setattr(compat, "cupti_session", lambda: None)
+    with pytest.warns(RuntimeWarning, match="torch is timed by cuda-events"):
+        sampler, method = timing.make_sampler(timeable, "hot", _gpu_device())
+    assert method == "cuda-events" and sampler.inner.flush is None
+
+
+def test_jax_on_a_gpu_without_cupti_is_timed_by_the_host_clock_with_a_warning(fake_gpu,
+                                                                            monkeypatch):
+    from kernels.core import compat
+
+    session, flushes = fake_gpu
+    monkeypatch.setattr(compat, "cupti_session", lambda: None)
+    timeable = timing.Timeable("k", "jax", lambda: None, (), on_gpu=True)
+    with pytest.warns(RuntimeWarning, match=r"jax is timed by host-clock, which counts launch "
+                                            r"gaps; such results say method='host-clock'"):
+        sampler, method = timing.make_sampler(timeable, "cold", _gpu_device())
+    assert method == "host-clock" and isinstance(sampler.inner, timing._HostSampler)
+    assert flushes == [("jax", 60 << 20, True)]
+
+
+def test_jax_arrays_over_several_devices_are_timed_by_the_host_clock(fake_gpu):
+    """CUPTI would sum the kernels of every device (overlap counted twice): wall time."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    if len(jax.devices()) < 2:
+        pytest.skip("needs two devices")
+    mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+    spread = jax.device_put(np.ones((4, 2), np.float32), NamedSharding(mesh, PartitionSpec("x")))
+    one = jax.device_put(np.ones((4, 2), np.float32), jax.devices()[0])
+    assert timing.spans_devices((spread, 1)) and not timing.spans_devices({"a": [one], "b": 2})
+    timeable = timing.Timeable("k", "jax", lambda x: x, (spread,), on_gpu=True)
+    _, method = timing.make_sampler(timeable, "hot", _gpu_device())
+    assert method == "host-clock"
+
+
+def test_make_sampler_refuses_an_unknown_regime():
+    timeable = timing.Timeable("k", "torch", lambda: None, (), on_gpu=False)
+    with pytest.raises(ValueError,
+                       match=r"^regime: expected one of \('cold', 'hot'\), got 'warm'$"):
+        timing.make_sampler(timeable, "warm", _gpu_device())
+
+
+def test_the_flushes_write_the_bytes_they_are_given():
+    import numpy as np
+
+    flush = timing.numpy_flush(4096)
+    flush()
+    buffer = flush.func.__self__
+    assert buffer.nbytes == 4096 and np.all(buffer == 1)
+    written = timing.jax_flush(4096, wait=False)()
+    assert written.shape == (1024,) and written.dtype == np.int32
+    assert np.all(np.asarray(written) == 1)
+    assert timing.jax_flush(4096)().shape == (1024,)
+
+
+def test_the_time_budget_follows_its_variable_and_the_platform(monkeypatch):
+    monkeypatch.delenv("KERNELPERF_TIME_BUDGET", raising=False)
+    assert timing.default_rule(_gpu_device()).time_budget_s == 3.0
+    cpu = dataclasses.replace(_gpu_device(), platform="cpu")
+    assert timing.default_rule(cpu).time_budget_s == 1.0
+    monkeypatch.setenv("KERNELPERF_TIME_BUDGET", "0.25")
+    assert timing.default_rule(cpu) == timing.StoppingRule(time_budget_s=0.25)
