@@ -266,3 +266,68 @@ def test_copy_and_product_candidates_compute_what_they_are_named(monkeypatch):
             got = np.asarray(out, dtype=np.float32) if framework == "jax" else \
                 out.float().numpy()
             np.testing.assert_allclose(got, expected, rtol=0.05, atol=0.3, err_msg=label)
+
+
+def _gpu(name: str = "NVIDIA H100 80GB HBM3"):
+    import dataclasses
+
+    return dataclasses.replace(_cpu(name), platform="gpu", l2_bytes=50 << 20)
+
+
+def test_measured_ceilings_share_the_clock_the_points_are_timed_by(monkeypatch):
+    """CUPTI on a GPU that has it; the host clock on a GPU without it and on every CPU."""
+    from kernels.core import compat
+
+    monkeypatch.setattr(compat, "cupti_session", lambda: object())
+    assert ceilings.default_method(_gpu()) == "cupti"
+    assert ceilings.default_method(_cpu()) == "host-clock"
+    monkeypatch.setattr(compat, "cupti_session", lambda: None)
+    assert ceilings.default_method(_gpu()) == "host-clock"
+
+
+def test_a_known_gpu_gets_its_datasheet_and_its_cached_roofs_without_a_warning(tmp_path,
+                                                                             monkeypatch):
+    import json
+    import warnings
+
+    monkeypatch.setenv("KERNELPERF_CACHE", str(tmp_path))
+    device = _gpu()
+    cached = ceilings.Ceiling(device.name, "measured", 3e12, {"bf16": 8e14},
+                              method=ceilings.default_method(device))
+    path = ceilings.cache_path(device.model)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"ceiling": cached.to_dict()}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sheet, measured = ceilings.for_device(device, allow_measure=False)
+    assert sheet == ceilings.datasheet(device.name) and measured == cached
+
+
+def test_roofs_cached_by_another_clock_are_measured_again_and_replaced(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setenv("KERNELPERF_CACHE", str(tmp_path))
+    device = _cpu()
+    path = ceilings.cache_path(device.model)
+    path.parent.mkdir(parents=True)
+    stale = ceilings.Ceiling(device.name, "measured", 1.0, {"f32": 1.0}, method="cuda-events")
+    path.write_text(json.dumps({"ceiling": stale.to_dict()}))
+    fresh = ceilings.Ceiling(device.name, "measured", 2.0, {"f32": 2.0}, method="host-clock")
+    monkeypatch.setattr(ceilings, "measure", lambda dev: fresh)
+    with pytest.warns(UserWarning, match=r"timed by cuda-events, not host-clock: measuring again"):
+        assert ceilings.measured(device) == fresh
+    assert json.loads(path.read_text())["ceiling"] == fresh.to_dict()
+
+
+def test_without_torch_there_are_no_measured_ceilings_and_a_warning_says_so(tmp_path,
+                                                                           monkeypatch):
+    monkeypatch.setenv("KERNELPERF_CACHE", str(tmp_path))
+
+    def no_torch(dev):
+        raise ImportError("No module named 'torch'")
+
+    monkeypatch.setattr(ceilings, "measure", no_torch)
+    with pytest.warns(UserWarning, match=r"measured ceilings need torch \(No module named "
+                                         r"'torch'\); none for Test CPU"):
+        assert ceilings.measured(_cpu()) is None
+    assert not ceilings.cache_path(_cpu().model).exists()
