@@ -559,3 +559,51 @@ def test_the_harness_compiles_without_autotuning_on_a_gpu_only(monkeypatch):
         monkeypatch.setattr(checking, "_device_platform", lambda platform=platform: platform)
         checking._jit_unautotuned(abs)
         assert compiled.pop() == {"compiler_options": options}
+
+
+def test_check_hands_the_case_to_prepare_and_its_parameters_to_the_kernel():
+    """What `check` calls: `prepare(case, *inputs)` and `fn(*args, **case.kwargs)`, for the
+    forward and again for the gradients."""
+    op = registry.operation("attention")
+    case = op.case("bf16-2x37x2x64-causal")
+    xla = registry.implementation("attention", "xla")
+    prepared, called = [], []
+
+    def prepare(case, *inputs):
+        prepared.append(case)
+        return inputs
+
+    def fn(*args, **kwargs):
+        called.append(kwargs)
+        return xla.fn(*args, **kwargs)
+
+    impl = registry.Implementation(op="attention", name="recording", fn=fn, prepare=prepare)
+    results = checking.check(impl, case)
+    assert prepared == [case, case]
+    assert called and all(kwargs == {"causal": True} for kwargs in called)
+    assert [r.name for r in results] == [
+        f"attention-recording[{case.id}, normal, seed 0] {part}"
+        for part in ("output", "dq", "dk", "dv")]
+
+
+def test_check_without_gradients_compares_the_output_alone(planted):
+    impl = planted("correct-fwd-only", lambda x: jax.nn.softmax(x, axis=-1))
+    (output,) = checking.check(impl, SOFTMAX_CASE, seed=3, distribution="large",
+                               gradients=False)
+    assert output.name == "softmax-correct-fwd-only[f32-6x300, large, seed 3] output"
+    assert output.tolerance == registry.operation("softmax").tolerance(SOFTMAX_CASE)
+
+
+def test_reference_outputs_are_the_references_value_and_vjp_in_float32():
+    op = registry.operation("softmax")
+    (x,) = checking.make_inputs(op, SOFTMAX_CASE, 0, "normal")
+    out, grads, magnitudes = checking.reference_outputs(op, SOFTMAX_CASE, (x,), None)
+    np.testing.assert_allclose(out, jax.nn.softmax(x, axis=-1), rtol=1e-6)
+    assert out.dtype == np.float32 and grads is None and magnitudes is None
+    cotangent = np.random.default_rng(1).standard_normal(x.shape).astype(np.float32)
+    out, (dx,), (magnitude,) = checking.reference_outputs(op, SOFTMAX_CASE, (x,), cotangent)
+    _, pullback = jax.vjp(lambda a: jax.nn.softmax(a, axis=-1), x)
+    assert isinstance(out, np.ndarray) and isinstance(dx, np.ndarray)
+    np.testing.assert_allclose(dx, pullback(cotangent)[0], rtol=1e-5, atol=1e-7)
+    assert isinstance(magnitude, np.ndarray) and magnitude.shape == x.shape
+    assert np.all(magnitude >= np.abs(dx) - 1e-6)
