@@ -29,6 +29,9 @@ def test_the_tables_built_at_import_are_whole():
                 assert peak.dense == pytest.approx(peak.sparse / 2, rel=0.02), (name, dtype)
     h100 = ceilings.datasheet("NVIDIA H100 80GB HBM3")
     assert h100.flops["bf16"] == pytest.approx(989.45e12, rel=1e-4)
+    assert h100.flops["f32"] == pytest.approx(66.9e12, rel=1e-4)  # FFMA, no tensor cores
+    assert ceilings.DATASHEET["NVIDIA H100 80GB HBM3"].peaks["bf16"].sparse == \
+        pytest.approx(1978.9e12, rel=1e-4)
     assert h100.peak("f32") == pytest.approx(494.7e12, rel=1e-4)
     for model_name, table in floors.FLOORS.items():
         assert model_name in ceilings.DATASHEET
@@ -252,14 +255,21 @@ def test_copy_and_product_candidates_compute_what_they_are_named(monkeypatch):
     for label, fn, framework, args in copies:
         out = np.asarray(fn(*args)) if framework == "jax" else fn(*args).numpy()
         assert out.shape == (1 << 10,) and np.all(out == -1), label
-    for dtype, labels in (("f32", ["torch matmul f32"]),
-                          ("bf16", ["torch matmul bf16", "xla matmul bf16"])):
+    assert [framework for _, _, framework, _ in copies] == ["torch", "jax"]
+    kinds = {"f32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
+             "f16": torch.float16}
+    for dtype, torch_dtype in kinds.items():
         products = ceilings._products(dtype, 8, "cpu")
+        labels = [f"torch matmul {dtype}"] + ([f"xla matmul {dtype}"] if dtype in ("bf16", "f16")
+                                              else [])
         assert [label for label, *_ in products] == labels
+        assert [framework for _, _, framework, _ in products] == ["torch", "jax"][:len(labels)]
         a, b = products[0][3]
         assert a.shape == b.shape == (8, 8)
-        assert a.dtype == {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
+        assert a.dtype == b.dtype == torch_dtype
         assert not torch.equal(a, b)
+        if dtype in ("tf32", "f16"):
+            continue  # CPU matmuls in half precision are slow to emulate; their dtypes suffice
         for label, fn, framework, args in products:
             out = fn(*args)
             expected = (a.float() @ b.float()).numpy()
@@ -331,3 +341,88 @@ def test_without_torch_there_are_no_measured_ceilings_and_a_warning_says_so(tmp_
                                          r"'torch'\); none for Test CPU"):
         assert ceilings.measured(_cpu()) is None
     assert not ceilings.cache_path(_cpu().model).exists()
+
+
+def test_a_gpu_measures_big_copies_and_products_on_cuda_with_tf32_only_for_tf32(monkeypatch):
+    """measure() on a GPU (its candidates and timer faked): a 1 GiB copy and 8192^3 products
+    made on "cuda", a 3 s budget, every timing on this device, TF32 allowed only while the
+    tf32 product is timed and restored after."""
+    torch = pytest.importorskip("torch")
+    from kernels.core import timing
+
+    made, timed = [], []
+
+    def copies(nbytes, where):
+        made.append(("copy", nbytes, where))
+        return [("torch neg", lambda: None, "torch", ("arg",))]
+
+    def products(dtype, size, where):
+        made.append((dtype, size, where))
+        return [(f"torch matmul {dtype}", lambda: None, "torch", ("arg",))]
+
+    def fake_time(timeable, *, regime, rule, device):
+        timed.append((timeable.label, timeable.args, rule.time_budget_s, device.platform,
+                      torch.backends.cuda.matmul.allow_tf32))
+        return timing.Measurement.from_samples(
+            [1e-3], label=timeable.label, method="cupti", regime=regime,
+            stop_reason="converged", fingerprint={})
+
+    monkeypatch.setattr(ceilings, "_copy_kernels", copies)
+    monkeypatch.setattr(ceilings, "_products", products)
+    monkeypatch.setattr(timing, "time_timeable", fake_time)
+    monkeypatch.setattr(timing, "callable_timeable",
+                        lambda label, fn, framework, args: timing.Timeable(
+                            label, framework, fn, args, on_gpu=True))
+    before = torch.backends.cuda.matmul.allow_tf32  # torch's module: no monkeypatching it
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        roof = ceilings.measure(_gpu())
+        assert torch.backends.cuda.matmul.allow_tf32 is False
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+    assert made == [("copy", ceilings.GPU_COPY_BYTES, "cuda"),
+                    *((dtype, size, "cuda") for dtype, size in ceilings.GPU_MATMUL.items())]
+    assert all(args == ("arg",) and budget == 3.0 and platform == "gpu"
+               for _, args, budget, platform, _ in timed)
+    assert {label: tf32 for label, *_, tf32 in timed} == {
+        "torch neg": False, "torch matmul bf16": False, "torch matmul f16": False,
+        "torch matmul tf32": True, "torch matmul f32": False}
+    assert roof.bandwidth == pytest.approx(2 * ceilings.GPU_COPY_BYTES / 1e-3)
+    assert roof.method == "cupti" and set(roof.flops) == set(ceilings.GPU_MATMUL)
+
+
+def test_roofs_cached_without_a_clock_are_said_to_be_cuda_events(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setenv("KERNELPERF_CACHE", str(tmp_path))
+    path = ceilings.cache_path(_cpu().model)
+    path.parent.mkdir(parents=True)
+    old = ceilings.Ceiling("Test CPU", "measured", 1.0, {"f32": 1.0})
+    path.write_text(json.dumps({"ceiling": old.to_dict()}))
+    with pytest.warns(UserWarning, match="were timed by CUDA events, not host-clock"):
+        assert ceilings.measured(_cpu(), allow_measure=False) is None
+
+
+def test_for_device_measures_by_default(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELPERF_CACHE", str(tmp_path))
+    fresh = ceilings.Ceiling("Test CPU", "measured", 2.0, {"f32": 2.0}, method="host-clock")
+    monkeypatch.setattr(ceilings, "measure", lambda dev: fresh)
+    assert ceilings.for_device(_cpu()) == (None, fresh)
+
+
+def test_the_candidates_are_made_on_the_device_asked_for(monkeypatch):
+    """Made on torch's "meta" device (shapes without memory), as a GPU's are on "cuda": the
+    copy reads and writes its own two buffers there, the products' operands live there."""
+    torch = pytest.importorskip("torch")
+    (_, neg, _, _), _ = ceilings._copy_kernels(4096, "meta")
+    src, dst = neg.args[0], neg.keywords["out"]
+    assert src.device.type == dst.device.type == "meta" and src is not dst
+    assert src.shape == dst.shape == (1024,) and src.dtype == dst.dtype == torch.float32
+    import numpy as np
+
+    from kernels.core import frameworks
+
+    # XLA's candidate copies the operands through the host, which a meta tensor has not.
+    monkeypatch.setattr(frameworks, "torch_to_numpy", lambda t: np.zeros(t.shape, np.float32))
+    a, b = ceilings._products("f16", 8, "meta")[0][3]
+    assert a.device.type == b.device.type == "meta" and a.dtype == torch.float16

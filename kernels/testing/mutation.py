@@ -214,6 +214,19 @@ EQUIVALENT: dict[str, str] = {
         'float("INF") is float("inf"): Python parses the name case-insensitively',
     "kernels.bench.asv_tools.x_verdict__mutmut_42":
         "floor >= min_gap: at floor == min_gap the gap is min_gap, so nothing lies between",
+    **{f"kernels.roofline.ceilings.xǁCeilingǁpeak__mutmut_{n}":
+       "the chain's f32 for f32 and tf32: the loop tries f32 after the chain anyway"
+       for n in (10, 11, 16, 17)},
+    **{f"kernels.roofline.ceilings.xǁCeilingǁpeak__mutmut_{n}":
+       "no 'tf32' entry: get's default (tf32,) then the loop's f32 is the same chain"
+       for n in (12, 13)},
+    **{f"kernels.roofline.ceilings.x__copy_kernels__mutmut_{n}":
+       "dtype left to its default: torch's and jnp's default dtype is float32 (no x64)"
+       for n in (3, 6, 29, 31)},
+    **{name: "stacklevel: which caller's line the warning names, not whether or what it says"
+       for name in ("kernels.roofline.ceilings.x_for_device__mutmut_19",
+                    "kernels.roofline.ceilings.x_for_device__mutmut_20",
+                    "kernels.roofline.ceilings.x_measured__mutmut_19")},
     "kernels.core.checking.x_compare__mutmut_1":
         "work dtype None: astype(None) is float64, the same verdicts, only slower",
     "kernels.core.checking.x_compare__mutmut_3":
