@@ -470,3 +470,171 @@ def test_describe_measurement_names_its_clock_and_throttling():
         "1000.00 us median (cupti, cold L2, 2 samples, cv 0.00%, converged, 1 throttled)"
     assert perfcheck.describe_measurement(_measurement(2e-6)).startswith(
         "2.00 us median (cupti, cold L2, 3 samples, cv 0.10%, converged)")
+
+
+def _verdict_fixture():
+    op, _, case = _softmax()
+    baselines = {"torch": _measurement(1.5e-3, label="torch"),
+                 "xla": _measurement(1e-3, label="xla"),
+                 "cudnn": _measurement(1e-3, method="cuda-events", label="cudnn")}
+    errors = {"triton": "RuntimeError: " + "x" * 400 + "\nsecond line"}
+    return op, case, baselines, errors, _sheet_placement(op, case, 2e-3)
+
+
+def test_a_verdict_shows_every_number_line_by_line():
+    """A kernel exactly at its floor passes; the message is the verdict, then the kernel's
+    measurement, its roofline, each same-clock baseline fastest first, the baselines of
+    another clock, and those that failed (their first line, cut at 300 characters)."""
+    op, case, baselines, errors, placement = _verdict_fixture()
+    measured = _measurement(2e-3)
+    floor = floors.Floor(op="softmax", impl="pallas", against="baseline", fraction=0.5,
+                         reason="why")
+    verdict = perfcheck.judge(label="k", device=_device(), measured=measured,
+                              baselines=baselines, placement=placement, floor=floor,
+                              has_floors=True, baseline_errors=errors)
+    assert (verdict.status, verdict.method, verdict.floor) == ("pass", "cupti", floor)
+    assert verdict.value == pytest.approx(0.5)
+    describe = perfcheck.describe_measurement
+    assert verdict.message.split("\n") == [
+        f"k on {H100}: 0.500x the speed of baseline xla (1000.00 us) >= floor 0.50 (why)",
+        f"measured: {describe(measured)}",
+        f"roofline: {placement.fraction:.3f} of {placement.ceiling} ({placement.bound}-bound; "
+        f"{placement.achieved_bandwidth / 1e9:.0f} GB/s, "
+        f"{placement.achieved_flops / 1e12:.2f} TFLOP/s)",
+        f"baseline xla: {describe(baselines['xla'])}; ours is 0.500x its speed",
+        f"baseline torch: {describe(baselines['torch'])}; ours is 0.750x its speed",
+        f"not compared (another clock than cupti): cudnn (cuda-events); "
+        f"{timing.comparable(measured, *baselines.values())}",
+        "baseline triton could not be timed: " + ("RuntimeError: " + "x" * 400)[:300]]
+    slower = perfcheck.judge(label="k", device=_device(), measured=_measurement(2.1e-3),
+                             baselines=baselines, placement=placement, floor=floor,
+                             has_floors=True)
+    assert slower.status == "fail"
+    assert slower.message.split("\n")[0] == (
+        f"under its floor: k on {H100}: 0.476x the speed of baseline xla (1000.00 us) < floor "
+        f"0.50 (why)")
+
+
+def test_a_refusal_names_the_baseline_it_wanted_and_every_one_it_had():
+    op, case, baselines, errors, placement = _verdict_fixture()
+    named = floors.Floor(op="softmax", impl="pallas", against="baseline", fraction=0.5,
+                         reason="why", baseline="cudnn")
+    verdict = perfcheck.judge(label="k", device=_device(), measured=_measurement(2e-3),
+                              baselines=baselines, placement=placement, floor=named,
+                              has_floors=True, baseline_errors=errors)
+    assert (verdict.status, verdict.floor, verdict.method) == ("refused", named, "cupti")
+    head, second = verdict.message.split("\n")[:2]
+    assert head == ("k: refusing to compare with baseline cudnn: k was timed by cupti, and no "
+                    "such baseline was timed by the same clock (baselines: torch (cupti), "
+                    "xla (cupti), cudnn (cuda-events), triton (failed))")
+    assert second.startswith("measured: ")
+    anyone = dataclasses.replace(named, baseline=None)
+    alone = perfcheck.judge(label="k", device=_device(), measured=_measurement(2e-3),
+                            baselines={}, placement=None, floor=anyone, has_floors=True)
+    assert alone.message.split("\n")[0].startswith("k: refusing to compare with a baseline: ")
+    assert alone.message.split("\n")[0].endswith("(baselines: none)")
+    assert alone.floor == anyone
+
+
+def test_a_skipped_verdict_still_shows_the_measurement():
+    measured = _measurement(1e-3)
+    skipped = _judge(measured, {}, None, None, device=_device("NVIDIA H200"), has_floors=False)
+    assert skipped.message.split("\n")[1] == \
+        f"measured: {perfcheck.describe_measurement(measured)}"
+    assert skipped.method == "cupti"
+
+
+def test_placements_use_the_datasheet_and_only_a_measured_roof_of_the_same_clock(monkeypatch):
+    op, impl, case = _softmax()
+    sheet = ceilings.datasheet(H100)
+    roof = ceilings.Ceiling(H100, "measured", 3.0e12, {"f32": 4e14}, method="cupti")
+    asked = []
+
+    def for_device(device, *, allow_measure):
+        asked.append((device.platform, allow_measure))
+        return sheet, roof
+
+    monkeypatch.setattr(ceilings, "for_device", for_device)
+    work = op.work(case, "fwd")
+    on_sheet, on_roof = perfcheck.placements(impl, case, "fwd", 2e-3, "cupti", _device())
+    assert on_sheet == model.place(work, 2e-3, sheet, case.dtype)
+    assert on_roof == model.place(work, 2e-3, roof, case.dtype)
+    assert perfcheck.placements(impl, case, "fwd", 2e-3, "cuda-events", _device())[1] is None
+    bwd = perfcheck.placements(impl, case, "bwd", 3e-3, "cupti", _device())[0]
+    assert bwd == model.place(op.work(case, "bwd"), 3e-3, sheet, case.dtype)
+    perfcheck.placements(impl, case, "fwd", 2e-3, "host-clock", _device("AMD EPYC", "cpu"))
+    # A GPU never stops to measure its roofs inside a perf test; a CPU does (about 2 s).
+    assert asked == [("gpu", False)] * 3 + [("cpu", True)]
+    monkeypatch.setattr(ceilings, "for_device", lambda device, allow_measure: (None, None))
+    assert perfcheck.placements(impl, case, "fwd", 2e-3, "cupti", _device()) == (None, None)
+
+
+def test_placements_count_the_devices_a_sharded_case_runs_on(monkeypatch):
+    op = registry.operation("sharded_matmul")
+    impl = next(i for i in registry.implementations("sharded_matmul") if not i.baseline)
+    case = next(c for c in op.cases if impl.devices_for(c) > 1)
+    sheet = ceilings.datasheet(H100)
+    monkeypatch.setattr(ceilings, "for_device", lambda device, allow_measure: (sheet, None))
+    placed, _ = perfcheck.placements(impl, case, "fwd", 1e-3, "cupti", _device())
+    assert placed == model.place(op.work(case, "fwd"), 1e-3, sheet, case.dtype,
+                                 devices=impl.devices_for(case))
+
+
+def test_a_perf_session_times_each_triple_once_and_keeps_one_cases_inputs(monkeypatch):
+    from kernels.core import checking
+
+    made, prepared, timed = [], [], []
+
+    def make_inputs(op, case, seed, distribution):
+        made.append((op.name, case.id, seed, distribution))
+        return (f"inputs of {case.id}",)
+
+    def prepare(impl, case, *, direction, inputs):
+        prepared.append((impl.id, case.id, direction, inputs))
+        return f"{impl.id} {case.id} {direction}"
+
+    def time_timeable(timeable, *, rule, device):
+        timed.append((timeable, rule, device))
+        return _measurement(1e-3, label=timeable)
+
+    monkeypatch.setattr(checking, "make_inputs", make_inputs)
+    monkeypatch.setattr(timing, "prepare", prepare)
+    monkeypatch.setattr(timing, "time_timeable", time_timeable)
+    rule, device = timing.StoppingRule(time_budget_s=0.5), _device()
+    session = perfcheck.PerfSession(device, rule)
+    op, impl, case = _softmax()
+    other = op.case("f32-256x1024")
+    first = session.measure(impl, case, "fwd")
+    assert session.measure(impl, case, "fwd") is first
+    session.measure(impl, case, "bwd")
+    session.measure(impl, other, "fwd")
+    session.measure(impl, case, "fwd")
+    assert made == [("softmax", case.id, 0, "normal"), ("softmax", other.id, 0, "normal")]
+    assert [p[:3] for p in prepared] == [(impl.id, case.id, "fwd"), (impl.id, case.id, "bwd"),
+                                         (impl.id, other.id, "fwd")]
+    assert prepared[0][3] == (f"inputs of {case.id}",)
+    assert prepared[2][3] == (f"inputs of {other.id}",)
+    assert all(r is rule and d is device for _, r, d in timed) and len(timed) == 3
+    assert first.label == f"{impl.id} {case.id} fwd"
+
+
+def test_a_baseline_that_raises_is_named_once_and_never_timed_again(monkeypatch):
+    op, impl, case = _softmax("f32-256x1024")
+    peers = [p for p in registry.implementations("softmax") if p.baseline][:2]
+    assert len(peers) == 2
+    monkeypatch.setattr(perfcheck, "baselines_for", lambda impl, case, direction: peers)
+    calls = []
+
+    def measure(self, peer, case, direction):
+        calls.append(peer.name)
+        if peer is peers[0]:
+            raise RuntimeError("out of memory\ndetails")
+        return _measurement(1e-3, label=peer.name)
+
+    monkeypatch.setattr(perfcheck.PerfSession, "measure", measure)
+    session = perfcheck.PerfSession(_device(), timing.StoppingRule())
+    for _ in range(2):
+        measured, errors = session.measure_baselines(impl, case, "fwd")
+        assert list(measured) == [peers[1].name]
+        assert errors == {peers[0].name: "RuntimeError: out of memory\ndetails"}
+    assert calls == [peers[0].name, peers[1].name, peers[1].name]
