@@ -638,3 +638,27 @@ def test_a_baseline_that_raises_is_named_once_and_never_timed_again(monkeypatch)
         assert list(measured) == [peers[1].name]
         assert errors == {peers[0].name: "RuntimeError: out of memory\ndetails"}
     assert calls == [peers[0].name, peers[1].name, peers[1].name]
+
+
+def test_extra_info_without_any_roof_has_no_roofline_numbers():
+    op, _, case = _softmax()
+    measured = _measurement(1e-3)
+    verdict = _judge(measured, {}, None, None, device=_device("NVIDIA H200"), has_floors=False)
+    info = perfcheck.extra_info(measured=measured, work=op.work(case, "fwd"), sheet=None,
+                                measured_roof=None, verdict=verdict, baselines={},
+                                device=_device("NVIDIA H200"))
+    assert info["roofline_fraction"] is info["roofline_ceiling"] is info["bound"] is None
+    assert info["speedup"] is None and info["best_baseline"] is None
+
+
+def test_times_are_shown_in_microseconds_to_two_places():
+    assert perfcheck._us(0.123456) == "123456.00 us"
+    assert perfcheck._us(1.5e-6) == "1.50 us"
+
+
+def test_a_saved_run_of_unknown_clock_or_device_is_refused_saying_so():
+    measured = _measurement(1e-3)
+    assert "timed by an unknown method, this run by cupti" in perfcheck.compare_refusal(
+        {}, {"model": "x"}, measured, _device(), "0001")
+    assert "ran on an unknown device, this run on nvidia-h100-80gb-hbm3" in \
+        perfcheck.compare_refusal({"clock_method": "cupti"}, None, measured, _device(), "0001")
