@@ -618,3 +618,92 @@ def test_the_time_budget_follows_its_variable_and_the_platform(monkeypatch):
     assert timing.default_rule(cpu).time_budget_s == 1.0
     monkeypatch.setenv("KERNELPERF_TIME_BUDGET", "0.25")
     assert timing.default_rule(cpu) == timing.StoppingRule(time_budget_s=0.25)
+
+
+# What is timed: the backward's pullback for a seeded cotangent, in either framework.
+
+@pytest.mark.parametrize("impl_name", ["xla", "torch"])
+def test_a_backward_timeable_computes_the_vjp_of_the_seeded_cotangent(impl_name):
+    """The timed backward returns the reference's VJP for the cotangent drawn from the seed
+    (not the forward again), whichever framework runs it; the forward returns the output."""
+    import jax
+    import numpy as np
+
+    from kernels.core import checking, registry
+
+    op = registry.operation("softmax")
+    case = op.case("f32-37x128")
+    impl = registry.implementation("softmax", impl_name)
+    (x,) = checking.make_inputs(op, case, 3, "normal")
+    cotangent = np.random.default_rng(3 + 1_000_003).standard_normal(x.shape).astype(np.float32)
+    _, pullback = jax.vjp(lambda a: jax.nn.softmax(a, axis=-1), x)
+    backward = timing.prepare(impl, case, direction="bwd", seed=3)
+    assert backward.label == f"softmax-{impl_name} {case.id} bwd"
+    assert backward.framework == impl.framework and backward.on_gpu is False
+    (dx,) = backward.fn(*backward.args)
+    dx = dx.detach().numpy() if impl_name == "torch" else np.asarray(dx)
+    np.testing.assert_allclose(dx, pullback(cotangent)[0], rtol=1e-4, atol=1e-6)
+    forward = timing.prepare(impl, case, direction="fwd", seed=3, inputs=(x,))
+    out = forward.fn(*forward.args)
+    out = out.numpy() if impl_name == "torch" else np.asarray(out)
+    np.testing.assert_allclose(out, jax.nn.softmax(x, axis=-1), rtol=1e-5, atol=1e-7)
+
+
+def test_a_kernel_without_a_backward_cannot_be_timed_backward():
+    from kernels.core import registry
+
+    impl = registry.implementation("softmax", "cuda")
+    case = registry.operation("softmax").case("f32-37x128")
+    with pytest.raises(ValueError, match=r"^direction: softmax-cuda has no backward; expected "
+                                         r"'fwd', got 'bwd'$"):
+        timing.prepare(impl, case, direction="bwd")
+
+
+def test_samples_taken_under_a_low_clock_are_flagged_throttled(monkeypatch):
+    """Each batch takes the lower of the SM clock reads around it; a batch under the default
+    clock's threshold is flagged throttled, sample by sample, and kept."""
+    reads = iter([1980, 1900, 1000, 1980, None, None])
+    monkeypatch.setattr(fingerprint, "read_clocks", lambda: (
+        lambda mhz: None if mhz is None else fingerprint.Clocks(sm_mhz=mhz))(next(reads)))
+
+    class Counting:
+        def take(self, n):
+            return [1e-3] * n
+
+    sampler = timing._ClockedSampler(Counting(), _gpu_device())
+    sampler.take(2)
+    sampler.take(1)
+    sampler.take(1)
+    assert sampler.clocks == [1900, 1900, 1000, None]
+    assert sampler.throttled == [False, False, True, False]
+    assert sampler.first_clocks.sm_mhz == 1980 and sampler.last_clocks is None
+    sampler.reset()
+    assert (sampler.clocks, sampler.throttled, sampler.first_clocks) == ([], [], None)
+
+
+def test_cuda_events_time_each_call_between_its_own_pair(monkeypatch):
+    """The events sampler records a start and an end event around each call, the flush before
+    the start, and reads each pair's elapsed time (ms) as seconds."""
+    torch = pytest.importorskip("torch")
+    log = []
+
+    class Event:
+        count = 0
+
+        def __init__(self, enable_timing):
+            assert enable_timing
+            Event.count += 1
+            self.number = Event.count
+
+        def record(self):
+            log.append(("record", self.number))
+
+        def elapsed_time(self, end):
+            return float(end.number - self.number)
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: log.append("sync"))
+    sampler = timing._CudaEventSampler(lambda: log.append("call"), lambda: log.append("flush"))
+    assert sampler.take(2) == pytest.approx([2e-3, 2e-3])  # starts 1, 2; ends 3, 4
+    assert log == ["flush", ("record", 1), "call", ("record", 3),
+                   "flush", ("record", 2), "call", ("record", 4), "sync"]
