@@ -167,8 +167,9 @@ def _cpu(name: str = "Test CPU"):
 
 def test_measured_ceilings_are_measured_once_then_read_back(tmp_path, monkeypatch):
     """No cache: measured (here a made-up measurement) and written with the device; then read
-    back without measuring; `refresh` measures again; `allow_measure=False` never measures."""
-    monkeypatch.setenv("KERNELPERF_CACHE", str(tmp_path))
+    back without measuring; `refresh` measures again; `allow_measure=False` never measures.
+    The cache's folders are made as needed."""
+    monkeypatch.setenv("KERNELPERF_CACHE", str(tmp_path / "not" / "yet"))
     device = _cpu()
     calls = []
 

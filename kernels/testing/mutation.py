@@ -226,7 +226,12 @@ EQUIVALENT: dict[str, str] = {
     **{name: "stacklevel: which caller's line the warning names, not whether or what it says"
        for name in ("kernels.roofline.ceilings.x_for_device__mutmut_19",
                     "kernels.roofline.ceilings.x_for_device__mutmut_20",
-                    "kernels.roofline.ceilings.x_measured__mutmut_19")},
+                    "kernels.roofline.ceilings.x_measured__mutmut_19",
+                    "kernels.roofline.ceilings.x_measured__mutmut_25",
+                    "kernels.roofline.ceilings.x_measured__mutmut_32",
+                    "kernels.roofline.ceilings.x_measured__mutmut_33")},
+    **{f"kernels.roofline.ceilings.x_measured__mutmut_{n}":
+       "indent: the cache file's layout, not what it holds" for n in (44, 46, 51)},
     **{f"kernels.core.checking.x_check__mutmut_{n}":
        "has_direction(impl, d) for any d but 'fwd' asks for the backward, as 'bwd' does"
        for n in (17, 18)},
