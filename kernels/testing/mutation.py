@@ -321,7 +321,8 @@ def _prepare(target: Target) -> pathlib.Path:
             shutil.rmtree(work / name)
         shutil.copytree(ROOT / name, work / name,
                         ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.o"))
-    for name in ("conftest.py", "asv.conf.json"):  # asv's tests find the project by its conf
+    # asv's tests find the project by its conf; the defaults' tests read the README's sentences.
+    for name in ("conftest.py", "asv.conf.json", "README.md"):
         shutil.copy2(ROOT / name, work / name)
     # mutmut's test processes put mutants/ on sys.path; made now, so it exists when they start.
     (work / "mutants").mkdir(exist_ok=True)
@@ -332,7 +333,8 @@ def _prepare(target: Target) -> pathlib.Path:
     settings = {
         "source_paths": ["kernels"],
         "only_mutate": list(target.modules),
-        "also_copy": ["correctness_tests", "perf_tests", "conftest.py", "asv.conf.json"],
+        "also_copy": ["correctness_tests", "perf_tests", "conftest.py", "asv.conf.json",
+                      "README.md"],
         # One worker per child: the machine is shared, and each test process imports JAX.
         # unraisableexception: its gc.collect() at exit walks JAX's and torch's heap, most of a
         # second per mutant.
