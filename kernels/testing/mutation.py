@@ -248,6 +248,15 @@ EQUIVALENT: dict[str, str] = {
                     "kernels.bench.perfcheck.x_extra_info__mutmut_28",
                     "kernels.bench.perfcheck.x_judge__mutmut_17",
                     "kernels.bench.perfcheck.x_judge__mutmut_19")},
+    "kernels.bench.perfcheck.x_record__mutmut_15":
+        "getattr's default None: falsy, as False is",
+    "kernels.bench.perfcheck.x_record__mutmut_45": 'float("NAN") is float("nan")',
+    **{f"kernels.bench.perfcheck.x_stopping_rule__mutmut_{n}":
+       "environ.get's default None: falsy, as '' is" for n in (10, 12)},
+    "kernels.bench.perfcheck.xǁPerfSessionǁ_inputs_for__mutmut_6":
+        "'' for None while the next case's inputs are made: either frees the previous arrays",
+    "kernels.bench.perfcheck.x_perf_items__mutmut_36":
+        "the joiner of CPU_IMPLEMENTATIONS' names: it has one entry",
     "kernels.core.checking.x_compare__mutmut_1":
         "work dtype None: astype(None) is float64, the same verdicts, only slower",
     "kernels.core.checking.x_compare__mutmut_3":
@@ -305,6 +314,11 @@ EQUIVALENT: dict[str, str] = {
 # target can (or should yet) kill them. They are scored as not killed, listed with
 # --verbose, and do not fail the run.
 SURVIVORS: dict[str, str] = {
+    "kernels.bench.perfcheck.x_baselines_for__mutmut_7":
+        "has_direction(peer, None) reads as the backward: differs only for a baseline without "
+        "one, which no operation registers today",
+    "kernels.profile.bottleneck.x_profile__*": "runs ncu on a GPU (`kernels bottleneck`)",
+    "kernels.profile.bottleneck.x_profile_command__*": "the ncu command line, run on a GPU",
     **{f"kernels.core.checking.x_check__mutmut_{n}":
        "zip's strict dropped: differs only where prepare or the VJP hands back another number "
        "of arguments or gradients than the operation has inputs, which JAX's and torch's "

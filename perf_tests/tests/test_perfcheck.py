@@ -352,6 +352,7 @@ def test_baselines_for_are_the_operations_baselines_that_run_the_case_here():
         machine = _machine(platform)
         for direction in registry.DIRECTIONS:
             found = perfcheck.baselines_for(impl, case, direction, machine)
+            assert all(peer.op == "softmax" for peer in found)
             for peer in registry.implementations("softmax"):
                 runs = (peer.baseline and registry.has_direction(peer, direction)
                         and devices.case_unavailable_reason(peer, case, machine) is None)
@@ -438,7 +439,7 @@ class _Benchmark:
             start = perfcheck.device_time()
             target()
             durations.append(perfcheck.device_time() - start)
-        if self.disabled:
+        if getattr(self, "disabled", False):
             return
         import types
 
@@ -622,10 +623,17 @@ def test_a_baseline_that_raises_is_named_once_and_never_timed_again(monkeypatch)
     op, impl, case = _softmax("f32-256x1024")
     peers = [p for p in registry.implementations("softmax") if p.baseline][:2]
     assert len(peers) == 2
-    monkeypatch.setattr(perfcheck, "baselines_for", lambda impl, case, direction: peers)
+    asked = []
+
+    def baselines_for(kernel, for_case, direction):
+        asked.append((kernel, for_case, direction))
+        return peers
+
+    monkeypatch.setattr(perfcheck, "baselines_for", baselines_for)
     calls = []
 
-    def measure(self, peer, case, direction):
+    def measure(self, peer, for_case, direction):
+        assert (for_case, direction) == (case, "fwd")
         calls.append(peer.name)
         if peer is peers[0]:
             raise RuntimeError("out of memory\ndetails")
@@ -638,6 +646,7 @@ def test_a_baseline_that_raises_is_named_once_and_never_timed_again(monkeypatch)
         assert list(measured) == [peers[1].name]
         assert errors == {peers[0].name: "RuntimeError: out of memory\ndetails"}
     assert calls == [peers[0].name, peers[1].name, peers[1].name]
+    assert asked == [(impl, case, "fwd")] * 2
 
 
 def test_extra_info_without_any_roof_has_no_roofline_numbers():
@@ -662,3 +671,57 @@ def test_a_saved_run_of_unknown_clock_or_device_is_refused_saying_so():
         {}, {"model": "x"}, measured, _device(), "0001")
     assert "ran on an unknown device, this run on nvidia-h100-80gb-hbm3" in \
         perfcheck.compare_refusal({"clock_method": "cupti"}, None, measured, _device(), "0001")
+
+
+def test_two_workers_already_share_the_device(monkeypatch):
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    assert perfcheck.parallel_reason().startswith("2 pytest-xdist workers share the device")
+
+
+def test_a_host_clock_refusal_keeps_its_floor_and_the_measurement():
+    op, _, case = _softmax()
+    floor = floors.floor_for(H100, "softmax", "pallas", case.id, "fwd")
+    host = _measurement(355e-6, "host-clock")
+    verdict = _judge(host, {}, _sheet_placement(op, case, host.median_s), floor)
+    assert verdict.floor == floor and verdict.method == "host-clock"
+    assert verdict.message.split("\n")[1] == f"measured: {perfcheck.describe_measurement(host)}"
+
+
+def test_a_roofline_floor_names_the_fraction_and_needs_a_datasheet():
+    op, _, case = _softmax()
+    floor = floors.Floor(op="softmax", impl="pallas", against="roofline", fraction=0.5,
+                         reason="why")
+    placement = _sheet_placement(op, case, 0.5e-3)
+    verdict = _judge(_measurement(0.5e-3), {}, placement, floor)
+    assert verdict.message.split("\n")[0].startswith(
+        f"softmax-pallas-f32-32768x4096-fwd on {H100}: {placement.fraction:.3f} of the "
+        f"datasheet roofline ")
+    with pytest.raises(ValueError, match=r"^floor of softmax-pallas-f32-32768x4096-fwd is a "
+                                         r"fraction of the roofline, but NVIDIA H100 80GB HBM3 "
+                                         r"has no datasheet ceilings$"):
+        _judge(_measurement(1e-3), {}, None, floor)
+
+
+def test_a_verdict_status_is_one_of_four():
+    with pytest.raises(ValueError, match=r"^status: expected pass, fail, refused or skipped, "
+                                         r"got 'maybe'$"):
+        perfcheck.Verdict(status="maybe", message="", method="cupti")
+
+
+def test_record_checks_what_was_recorded_to_one_part_in_a_billion():
+    measured = timing.Measurement.from_samples([1e-3, 3e-3], label="m", method="cupti",
+                                               regime="cold", stop_reason="converged",
+                                               fingerprint={})
+    with pytest.raises(AssertionError, match=r"recorded 2 durations"):
+        perfcheck.record(_Benchmark(keep=lambda d: [x * (1 + 1e-7) for x in d]), measured, {})
+    with pytest.raises(AssertionError, match=r"recorded 0 durations \(median nan s\)"):
+        perfcheck.record(_Benchmark(keep=lambda d: []), measured, {})
+
+    class Plain(_Benchmark):  # a fixture of a pytest-benchmark without `disabled`
+        def __getattribute__(self, name):
+            if name == "disabled":
+                raise AttributeError(name)
+            return super().__getattribute__(name)
+
+    with pytest.raises(AssertionError, match=r"recorded 1 durations"):
+        perfcheck.record(Plain(keep=lambda d: d[:1]), measured, {})
