@@ -257,56 +257,6 @@ EQUIVALENT: dict[str, str] = {
         "'' for None while the next case's inputs are made: either frees the previous arrays",
     "kernels.bench.perfcheck.x_perf_items__mutmut_36":
         "the joiner of CPU_IMPLEMENTATIONS' names: it has one entry",
-    "kernels.core.checking.x_compare__mutmut_1":
-        "work dtype None: astype(None) is float64, the same verdicts, only slower",
-    "kernels.core.checking.x_compare__mutmut_3":
-        "always float64: the same verdicts, only slower",
-    "kernels.core.checking.x_compare__mutmut_8":
-        "astype(None) is float64: the same verdicts, only slower",
-    "kernels.core.checking.x_compare__mutmut_15":
-        "astype(None) is float64: the same verdicts, only slower",
-    "kernels.core.checking.x_compare__mutmut_65":
-        "astype(None) is float64: the same verdicts, only slower",
-    "kernels.core.checking.x_compare__mutmut_9":
-        "copy=None instead of False: a copy or not, the same values",
-    "kernels.core.checking.x_compare__mutmut_11":
-        "copy left at its default: a copy or not, the same values",
-    "kernels.core.checking.x_compare__mutmut_13":
-        "copy=True: a copy, the same values",
-    "kernels.core.checking.x_compare__mutmut_16":
-        "copy=None instead of False: a copy or not, the same values",
-    "kernels.core.checking.x_compare__mutmut_18":
-        "copy left at its default: a copy or not, the same values",
-    "kernels.core.checking.x_compare__mutmut_20":
-        "copy=True: a copy, the same values",
-    "kernels.core.checking.x_compare__mutmut_66":
-        "copy=None instead of False: a copy or not, the same values",
-    "kernels.core.checking.x_compare__mutmut_68":
-        "copy left at its default: a copy or not, the same values",
-    "kernels.core.checking.x_compare__mutmut_70":
-        "copy=True: a copy, the same values",
-    "kernels.core.checking.x_compare__mutmut_25":
-        "all_finite None: the general (masked) path, which gives the fast path's results",
-    "kernels.core.checking.x_compare__mutmut_26":
-        "all_finite False: the general (masked) path, which gives the fast path's results",
-    "kernels.core.checking.x_compare__mutmut_28":
-        "the masked NaN test on all-finite data: finite & x is x",
-    "kernels.core.checking.x_compare__mutmut_84":
-        "peak of an empty comparison only divides a zero max error",
-    "kernels.core.checking.x_compare__mutmut_89":
-        "'>=' for '>' at max|e| == tol * peak exactly: the boundary, a tolerance of 1",
-    "kernels.core.checking.x_compare__mutmut_152":
-        "'<' for '<=' at relative error == tolerance exactly: the boundary",
-    "kernels.core.checking.x_compare__mutmut_153":
-        "'<' for '<=' at max error == tolerance exactly: the boundary",
-    "kernels.core.checking.x_compare__mutmut_95":
-        "size >= 1: one element has ptp 0, so the constant guard is false either way",
-    "kernels.core.checking.x_compare__mutmut_106":
-        "a constant array's element 1 is its element 0",
-    "kernels.core.checking.x_compare__mutmut_132":
-        "worst_flat is read only where diff has elements",
-    "kernels.core.checking.x_compare__mutmut_157":
-        "argwhere of an all-True mask lists positions as unravel_index does",
 }
 
 
