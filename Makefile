@@ -62,11 +62,14 @@ pytest: install
 readme-check: install
 	KERNELPERF_README_CHECK=1 $(BIN)/python -m pytest -m readme -p no:xdist -p no:cacheprovider -s -q
 
-# Mutation testing of the harness (kernels/testing/mutation.py): each target's mutants against its fast
-# tests, score per target; survivors without a reason listed make it exit 1. Not part of
-# `make test`: on two cores a target takes minutes. TARGETS="checking timing" narrows it.
+# Mutation testing of the harness (kernels/testing/mutation.py): whole modules, each target's
+# mutants against its tests, a score per module over all of them; survivors without a reason
+# listed make it exit 1. Not part of `make test`: on two cores the targets take minutes each
+# (README). TARGETS="checking timing" narrows it; MUTATION_ARGS="--max-children 2" uses both
+# cores, "--rerun-survivors" reruns only what the last run left alive.
+MUTATION_ARGS ?=
 mutation: install
-	nice $(BIN)/python -m kernels.testing.mutation $(TARGETS)
+	nice $(BIN)/python -m kernels.testing.mutation $(MUTATION_ARGS) $(TARGETS)
 
 # On a GPU: bad inputs into the Triton and CUDA kernels, and the CUDA tests under compute-sanitizer
 # in several arms (kernels/profile/gpu_sweep.py); logs in $(OUT) or gpu_sweep_out/.

@@ -346,3 +346,42 @@ def test_throughputs_are_as_noisy_as_the_device_time_they_come_from():
     assert rows["track_gbps"].verdict == "same (within sample noise)"
     assert rows["track_launch"].verdict == "same (within host noise)"
     assert asv_tools.exit_status(list(rows.values())) == 0
+
+
+# Which way a unit is better follows from what it measures: a rate or a ratio of speeds is
+# better higher, a time or a size lower. A unit neither rule knows needs a decision here.
+def _lower_is_better(unit: str) -> bool:
+    if unit.endswith("/s") or unit in ("x", "of roof"):
+        return False  # work per second, speedup, fraction of the roofline
+    if unit in ("s", "B") or unit.startswith("us"):
+        return True  # device or host time, bytes of memory
+    raise AssertionError(f"unit {unit!r}: say here whether more of it is better")
+
+
+def test_each_metrics_direction_follows_its_unit():
+    assert set(asv_tools.UNITS) == set(asv_tools.LOWER_IS_BETTER)
+    for metric, unit in asv_tools.UNITS.items():
+        assert asv_tools.LOWER_IS_BETTER[metric] == _lower_is_better(unit), (metric, unit)
+
+
+@pytest.mark.parametrize("metric", sorted(asv_tools.LOWER_IS_BETTER))
+def test_a_change_in_each_metric_reads_the_right_way_up(metric):
+    """Every metric of the table, halved and doubled: a drop in a higher-is-better metric is
+    worse and a rise better; the other way round for lower-is-better ones."""
+    name = f"benchmarks.Softmax.{metric}"
+    lower = asv_tools.LOWER_IS_BETTER[metric]
+    timed = metric.startswith("time_")
+    _, drop = asv_tools.verdict(name, _tracked(2.0), _tracked(1.0), min_gap=0.05)
+    _, rise = asv_tools.verdict(name, _tracked(1.0), _tracked(2.0), min_gap=0.05)
+    good, bad = ("faster", "slower") if timed else ("better (no samples)", "worse (no samples)")
+    assert (drop, rise) == ((good, bad) if lower else (bad, good)), metric
+
+
+def test_the_default_gap_is_the_readmes():
+    """README: each row's gap is "1% (`--min-gap`)" where the clock resolves it; the verdicts'
+    default gap must say the same."""
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (percent,) = re.findall(r"(\d+)% \(`--min-gap`\)", readme)
+    assert asv_tools.DEFAULT_MIN_GAP == pytest.approx(int(percent) / 100)

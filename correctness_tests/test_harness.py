@@ -75,6 +75,33 @@ def test_unwritten_output_is_caught_by_poisoning(planted):
         checking.check(impl, SOFTMAX_CASE, seed=0, gradients=False)
 
 
+def test_unwritten_gradient_is_caught_by_poisoning(planted):
+    """The gradients run under the same NaN poisoning as the output: a backward that leaves
+    a column of its own buffer unwritten fails on NaN in dx, whatever torch.empty held."""
+    torch = pytest.importorskip("torch")
+    poisoned = []
+
+    class SkipsLastColumnOfDx(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = torch.softmax(x, dim=-1)
+            ctx.save_for_backward(y)
+            return y
+
+        @staticmethod
+        def backward(ctx, dy):
+            (y,) = ctx.saved_tensors
+            poisoned.append(frameworks.poisoning())
+            dx = frameworks.torch_empty(y.shape, y.dtype, y.device)
+            dx[:, :-1] = (y * (dy - (y * dy).sum(dim=-1, keepdim=True)))[:, :-1]
+            return dx
+
+    impl = planted("dx-skips-last-column", SkipsLastColumnOfDx.apply, framework="torch")
+    with pytest.raises(checking.CheckFailure, match=r" dx: 6 of 1800 elements are NaN"):
+        checking.check(impl, SOFTMAX_CASE, seed=0)
+    assert poisoned == [True]
+
+
 def test_modified_input_is_caught(planted):
     torch = pytest.importorskip("torch")
 
@@ -443,3 +470,140 @@ def test_chunked_generator_depends_on_the_seed_alone(monkeypatch):
     small = checking.ChunkedGenerator(7).standard_normal((10, 9), dtype=np.float32)
     assert np.array_equal(small, np.random.default_rng(7).standard_normal((10, 9),
                                                                           dtype=np.float32))
+
+
+# The harness's own guards on what an operation declares, and its settings.
+
+def _softmax_making(make):
+    """Softmax's declaration with its input maker replaced."""
+    import dataclasses
+
+    return dataclasses.replace(registry.operation("softmax"), make_inputs=make)
+
+
+def test_make_inputs_refuses_an_unknown_distribution_naming_the_known():
+    op = registry.operation("softmax")
+    with pytest.raises(ValueError, match=r"^distribution: expected one of \('normal', 'large'\), "
+                                         r"got 'uniform'$"):
+        checking.make_inputs(op, SOFTMAX_CASE, 0, "uniform")
+
+
+def test_make_inputs_refuses_inputs_of_another_dtype_or_all_zeros():
+    wrong_dtype = _softmax_making(lambda case, rng, dist: (np.ones((6, 300), np.float64),))
+    with pytest.raises(TypeError, match=r"^softmax.make_inputs: x has dtype float64, case wants "
+                                        r"float32$"):
+        checking.make_inputs(wrong_dtype, SOFTMAX_CASE, 0, "normal")
+    zeros = _softmax_making(lambda case, rng, dist: (np.zeros((6, 300), np.float32),))
+    with pytest.raises(ValueError, match=r"^softmax.make_inputs: x is all zeros; inputs must not "
+                                         r"be$"):
+        checking.make_inputs(zeros, SOFTMAX_CASE, 0, "normal")
+    empty = _softmax_making(lambda case, rng, dist: (np.zeros((0, 300), np.float32),))
+    assert checking.make_inputs(empty, SOFTMAX_CASE, 0, "normal")[0].size == 0
+
+
+def test_make_inputs_hands_the_seeded_generator_to_the_operation():
+    seen = []
+
+    def make(case, rng, dist):
+        seen.append((case, dist))
+        return (rng.standard_normal((6, 300), dtype=np.float32),)
+
+    first = checking.make_inputs(_softmax_making(make), SOFTMAX_CASE, 5, "large")[0]
+    again = checking.make_inputs(_softmax_making(make), SOFTMAX_CASE, 5, "large")[0]
+    np.testing.assert_array_equal(first, again)
+    np.testing.assert_array_equal(
+        first, np.random.default_rng(5).standard_normal((6, 300), dtype=np.float32))
+    assert seen == [(SOFTMAX_CASE, "large")] * 2
+
+
+def test_a_reference_has_gradients_exactly_when_it_has_a_cotangent():
+    x = np.ones(3, np.float32)
+    with pytest.raises(ValueError, match="^grads: expected exactly when a cotangent is given$"):
+        checking.Reference(inputs=(x,), output=x, cotangent=x)
+    with pytest.raises(ValueError, match="^grads: expected exactly when a cotangent is given$"):
+        checking.Reference(inputs=(x,), output=x, grads=(x,))
+    plain = checking.Reference(inputs=(x,), output=x)
+    assert not plain.with_grad and plain.nbytes == 24
+    full = checking.Reference(inputs=(x,), output=x, cotangent=x, grads=(x,),
+                              magnitudes=(None,), device_inputs=(x,))
+    assert full.with_grad and full.nbytes == 5 * 12
+
+
+def test_the_shared_reference_cache_is_sized_by_its_variable(monkeypatch):
+    make = checking.shared_references.__wrapped__  # the cache itself is one per process
+    monkeypatch.delenv(checking.CACHE_VARIABLE, raising=False)
+    assert make().max_bytes == checking.DEFAULT_CACHE_MB["cpu"] * 2**20
+    monkeypatch.setattr(checking.compat, "on_gpu", lambda: True)
+    assert make().max_bytes == checking.DEFAULT_CACHE_MB["gpu"] * 2**20
+    monkeypatch.setenv(checking.CACHE_VARIABLE, " 64 ")
+    assert make().max_bytes == 64 * 2**20
+    monkeypatch.setenv(checking.CACHE_VARIABLE, "lots")
+    with pytest.raises(ValueError, match=r"^KERNELPERF_REFERENCE_CACHE_MB: expected a whole "
+                                         r"number of MiB, got 'lots'$"):
+        make()
+    with pytest.raises(ValueError, match=r"^max_bytes: expected >= 0, got -1$"):
+        checking.ReferenceCache(-1)
+
+
+def test_the_harness_compiles_without_autotuning_on_a_gpu_only(monkeypatch):
+    """XLA's GPU autotuning is turned off for the harness's own programs (references,
+    comparisons) on a GPU, and no option is passed elsewhere."""
+    compiled = []
+
+    def recording_jit(fn, **options):
+        compiled.append(options)
+        return fn
+
+    monkeypatch.setattr(jax, "jit", recording_jit)
+    for platform, options in (("gpu", {"xla_gpu_autotune_level": 0}), (None, None)):
+        monkeypatch.setattr(checking, "_device_platform", lambda platform=platform: platform)
+        checking._jit_unautotuned(abs)
+        assert compiled.pop() == {"compiler_options": options}
+
+
+def test_check_hands_the_case_to_prepare_and_its_parameters_to_the_kernel():
+    """What `check` calls: `prepare(case, *inputs)` and `fn(*args, **case.kwargs)`, for the
+    forward and again for the gradients."""
+    op = registry.operation("attention")
+    case = op.case("bf16-2x37x2x64-causal")
+    xla = registry.implementation("attention", "xla")
+    prepared, called = [], []
+
+    def prepare(case, *inputs):
+        prepared.append(case)
+        return inputs
+
+    def fn(*args, **kwargs):
+        called.append(kwargs)
+        return xla.fn(*args, **kwargs)
+
+    impl = registry.Implementation(op="attention", name="recording", fn=fn, prepare=prepare)
+    results = checking.check(impl, case)
+    assert prepared == [case, case]
+    assert called and all(kwargs == {"causal": True} for kwargs in called)
+    assert [r.name for r in results] == [
+        f"attention-recording[{case.id}, normal, seed 0] {part}"
+        for part in ("output", "dq", "dk", "dv")]
+
+
+def test_check_without_gradients_compares_the_output_alone(planted):
+    impl = planted("correct-fwd-only", lambda x: jax.nn.softmax(x, axis=-1))
+    (output,) = checking.check(impl, SOFTMAX_CASE, seed=3, distribution="large",
+                               gradients=False)
+    assert output.name == "softmax-correct-fwd-only[f32-6x300, large, seed 3] output"
+    assert output.tolerance == registry.operation("softmax").tolerance(SOFTMAX_CASE)
+
+
+def test_reference_outputs_are_the_references_value_and_vjp_in_float32():
+    op = registry.operation("softmax")
+    (x,) = checking.make_inputs(op, SOFTMAX_CASE, 0, "normal")
+    out, grads, magnitudes = checking.reference_outputs(op, SOFTMAX_CASE, (x,), None)
+    np.testing.assert_allclose(out, jax.nn.softmax(x, axis=-1), rtol=1e-6)
+    assert out.dtype == np.float32 and grads is None and magnitudes is None
+    cotangent = np.random.default_rng(1).standard_normal(x.shape).astype(np.float32)
+    out, (dx,), (magnitude,) = checking.reference_outputs(op, SOFTMAX_CASE, (x,), cotangent)
+    _, pullback = jax.vjp(lambda a: jax.nn.softmax(a, axis=-1), x)
+    assert isinstance(out, np.ndarray) and isinstance(dx, np.ndarray)
+    np.testing.assert_allclose(dx, pullback(cotangent)[0], rtol=1e-5, atol=1e-7)
+    assert isinstance(magnitude, np.ndarray) and magnitude.shape == x.shape
+    assert np.all(magnitude >= np.abs(dx) - 1e-6)

@@ -489,3 +489,221 @@ def test_cases_are_built_from_dims_and_attention_flags():
     flags = argparse.Namespace(batch=[4], heads=None, head_dim=None, seq_lengths=None)
     with pytest.raises(validation.UserError, match="--batch: softmax has no such dimension"):
         measure_cli._attention_dims(op, flags)
+
+
+# Which sampler a GPU gets, without a GPU: the session, the flushes and torch's wait are fakes.
+
+def _gpu_device():
+    return fingerprint.Fingerprint(
+        platform="gpu", name="Test GPU", model="test-gpu", sm_count=132, memory_bytes=80 << 30,
+        l2_bytes=60 << 20, compute_capability="90", driver="580", cuda="13.0",
+        default_sm_mhz=1980, max_sm_mhz=1980, versions=())
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """CUPTI as a fake session; every flush a fake launch recording (bytes, wait); torch's
+    device wait a no-op. Yields (session, flushes)."""
+    from kernels.core import compat
+
+    session = FakeCuptiSession()
+    flushes = []
+
+    def flush_factory(kind):
+        def make(nbytes, wait=True):
+            flushes.append((kind, nbytes, wait))
+            return lambda: session.launch("flush", 9.0)
+        return make
+
+    monkeypatch.setattr(compat, "cupti_session", lambda: session)
+    for kind in ("jax", "torch"):
+        monkeypatch.setattr(timing, f"{kind}_flush", flush_factory(kind))
+    monkeypatch.delenv(timing.TORCH_TIMER_VARIABLE, raising=False)
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    timing._warn_no_cupti.cache_clear()
+    yield session, flushes
+    timing._warn_no_cupti.cache_clear()
+
+
+@pytest.mark.parametrize("framework", ["jax", "torch"])
+@pytest.mark.parametrize("regime", timing.REGIMES)
+def test_a_gpu_call_is_sampled_by_cupti_with_the_l2_flush_left_out(fake_gpu, framework, regime):
+    """On a GPU every framework is timed by CUPTI: a sample is the call's kernels alone; the
+    cold regime dispatches a flush of the whole L2 inside the session without waiting."""
+    session, flushes = fake_gpu
+    timeable = timing.Timeable("k", framework, lambda: session.launch("k", 2.0), (),
+                               on_gpu=True)
+    sampler, method = timing.make_sampler(timeable, regime, _gpu_device())
+    assert method == "cupti"
+    assert sampler.take(3) == pytest.approx([2e-3] * 3)
+    expected = [(framework, 60 << 20, False if framework == "jax" else True)]
+    assert flushes == (expected if regime == "cold" else [])
+    assert sampler.inner.flush_names == (["flush"] if regime == "cold" else [])
+    assert sampler.clocks == [None] * 3 and sampler.throttled == [False] * 3
+
+
+def test_torch_on_a_gpu_is_timed_by_events_when_asked_or_without_cupti(fake_gpu, monkeypatch):
+    from kernels.core import compat
+
+    session, flushes = fake_gpu
+    timeable = timing.Timeable("k", "torch", lambda: None, (), on_gpu=True)
+    monkeypatch.setenv(timing.TORCH_TIMER_VARIABLE, "cuda-events")
+    monkeypatch.setattr(compat, "cupti_session", lambda: pytest.fail("CUPTI asked for"))
+    sampler, method = timing.make_sampler(timeable, "cold", _gpu_device())
+    assert method == "cuda-events" and isinstance(sampler.inner, timing._CudaEventSampler)
+    assert sampler.inner.flush is not None and flushes == [("torch", 60 << 20, True)]
+    monkeypatch.delenv(timing.TORCH_TIMER_VARIABLE)
+    monkeypatch.setattr(compat, "cupti_session", lambda: None)
+    with pytest.warns(RuntimeWarning, match="torch is timed by cuda-events"):
+        sampler, method = timing.make_sampler(timeable, "hot", _gpu_device())
+    assert method == "cuda-events" and sampler.inner.flush is None
+
+
+def test_jax_on_a_gpu_without_cupti_is_timed_by_the_host_clock_with_a_warning(fake_gpu,
+                                                                            monkeypatch):
+    from kernels.core import compat
+
+    session, flushes = fake_gpu
+    monkeypatch.setattr(compat, "cupti_session", lambda: None)
+    timeable = timing.Timeable("k", "jax", lambda: None, (), on_gpu=True)
+    with pytest.warns(RuntimeWarning, match=r"jax is timed by host-clock, which counts launch "
+                                            r"gaps; such results say method='host-clock'"):
+        sampler, method = timing.make_sampler(timeable, "cold", _gpu_device())
+    assert method == "host-clock" and isinstance(sampler.inner, timing._HostSampler)
+    assert flushes == [("jax", 60 << 20, True)]
+
+
+def test_jax_arrays_over_several_devices_are_timed_by_the_host_clock(fake_gpu):
+    """CUPTI would sum the kernels of every device (overlap counted twice): wall time."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    if len(jax.devices()) < 2:
+        pytest.skip("needs two devices")
+    mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+    spread = jax.device_put(np.ones((4, 2), np.float32), NamedSharding(mesh, PartitionSpec("x")))
+    one = jax.device_put(np.ones((4, 2), np.float32), jax.devices()[0])
+    assert timing.spans_devices((spread, 1)) and not timing.spans_devices({"a": [one], "b": 2})
+    timeable = timing.Timeable("k", "jax", lambda x: x, (spread,), on_gpu=True)
+    _, method = timing.make_sampler(timeable, "hot", _gpu_device())
+    assert method == "host-clock"
+
+
+def test_make_sampler_refuses_an_unknown_regime():
+    timeable = timing.Timeable("k", "torch", lambda: None, (), on_gpu=False)
+    with pytest.raises(ValueError,
+                       match=r"^regime: expected one of \('cold', 'hot'\), got 'warm'$"):
+        timing.make_sampler(timeable, "warm", _gpu_device())
+
+
+def test_the_flushes_write_the_bytes_they_are_given():
+    import numpy as np
+
+    flush = timing.numpy_flush(4096)
+    flush()
+    buffer = flush.func.__self__
+    assert buffer.nbytes == 4096 and np.all(buffer == 1)
+    written = timing.jax_flush(4096, wait=False)()
+    assert written.shape == (1024,) and written.dtype == np.int32
+    assert np.all(np.asarray(written) == 1)
+    assert timing.jax_flush(4096)().shape == (1024,)
+
+
+def test_the_time_budget_follows_its_variable_and_the_platform(monkeypatch):
+    monkeypatch.delenv("KERNELPERF_TIME_BUDGET", raising=False)
+    assert timing.default_rule(_gpu_device()).time_budget_s == 3.0
+    cpu = dataclasses.replace(_gpu_device(), platform="cpu")
+    assert timing.default_rule(cpu).time_budget_s == 1.0
+    monkeypatch.setenv("KERNELPERF_TIME_BUDGET", "0.25")
+    assert timing.default_rule(cpu) == timing.StoppingRule(time_budget_s=0.25)
+
+
+# What is timed: the backward's pullback for a seeded cotangent, in either framework.
+
+@pytest.mark.parametrize("impl_name", ["xla", "torch"])
+def test_a_backward_timeable_computes_the_vjp_of_the_seeded_cotangent(impl_name):
+    """The timed backward returns the reference's VJP for the cotangent drawn from the seed
+    (not the forward again), whichever framework runs it; the forward returns the output."""
+    import jax
+    import numpy as np
+
+    from kernels.core import checking, registry
+
+    op = registry.operation("softmax")
+    case = op.case("f32-37x128")
+    impl = registry.implementation("softmax", impl_name)
+    (x,) = checking.make_inputs(op, case, 3, "normal")
+    cotangent = np.random.default_rng(3 + 1_000_003).standard_normal(x.shape).astype(np.float32)
+    _, pullback = jax.vjp(lambda a: jax.nn.softmax(a, axis=-1), x)
+    backward = timing.prepare(impl, case, direction="bwd", seed=3)
+    assert backward.label == f"softmax-{impl_name} {case.id} bwd"
+    assert backward.framework == impl.framework and backward.on_gpu is False
+    (dx,) = backward.fn(*backward.args)
+    dx = dx.detach().numpy() if impl_name == "torch" else np.asarray(dx)
+    np.testing.assert_allclose(dx, pullback(cotangent)[0], rtol=1e-4, atol=1e-6)
+    forward = timing.prepare(impl, case, direction="fwd", seed=3, inputs=(x,))
+    out = forward.fn(*forward.args)
+    out = out.numpy() if impl_name == "torch" else np.asarray(out)
+    np.testing.assert_allclose(out, jax.nn.softmax(x, axis=-1), rtol=1e-5, atol=1e-7)
+
+
+def test_a_kernel_without_a_backward_cannot_be_timed_backward():
+    from kernels.core import registry
+
+    impl = registry.implementation("softmax", "cuda")
+    case = registry.operation("softmax").case("f32-37x128")
+    with pytest.raises(ValueError, match=r"^direction: softmax-cuda has no backward; expected "
+                                         r"'fwd', got 'bwd'$"):
+        timing.prepare(impl, case, direction="bwd")
+
+
+def test_samples_taken_under_a_low_clock_are_flagged_throttled(monkeypatch):
+    """Each batch takes the lower of the SM clock reads around it; a batch under the default
+    clock's threshold is flagged throttled, sample by sample, and kept."""
+    reads = iter([1980, 1900, 1000, 1980, None, None])
+    monkeypatch.setattr(fingerprint, "read_clocks", lambda: (
+        lambda mhz: None if mhz is None else fingerprint.Clocks(sm_mhz=mhz))(next(reads)))
+
+    class Counting:
+        def take(self, n):
+            return [1e-3] * n
+
+    sampler = timing._ClockedSampler(Counting(), _gpu_device())
+    sampler.take(2)
+    sampler.take(1)
+    sampler.take(1)
+    assert sampler.clocks == [1900, 1900, 1000, None]
+    assert sampler.throttled == [False, False, True, False]
+    assert sampler.first_clocks.sm_mhz == 1980 and sampler.last_clocks is None
+    sampler.reset()
+    assert (sampler.clocks, sampler.throttled, sampler.first_clocks) == ([], [], None)
+
+
+def test_cuda_events_time_each_call_between_its_own_pair(monkeypatch):
+    """The events sampler records a start and an end event around each call, the flush before
+    the start, and reads each pair's elapsed time (ms) as seconds."""
+    torch = pytest.importorskip("torch")
+    log = []
+
+    class Event:
+        count = 0
+
+        def __init__(self, enable_timing):
+            assert enable_timing
+            Event.count += 1
+            self.number = Event.count
+
+        def record(self):
+            log.append(("record", self.number))
+
+        def elapsed_time(self, end):
+            return float(end.number - self.number)
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: log.append("sync"))
+    sampler = timing._CudaEventSampler(lambda: log.append("call"), lambda: log.append("flush"))
+    assert sampler.take(2) == pytest.approx([2e-3, 2e-3])  # starts 1, 2; ends 3, 4
+    assert log == ["flush", ("record", 1), "call", ("record", 3),
+                   "flush", ("record", 2), "call", ("record", 4), "sync"]

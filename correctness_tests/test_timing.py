@@ -251,3 +251,64 @@ def test_measurement_from_samples_defaults_and_keeps_clocks():
     assert clocked.sm_clock_mhz == (1980, 1500) and clocked.throttled == (False, True)
     with pytest.raises(ValueError, match=r"^samples: expected at least one, got none$"):
         timing.Measurement.from_samples([], **fields)
+
+
+def _gpu(l2_bytes: int) -> fingerprint.Fingerprint:
+    """A made-up GPU: the flush's size is read from the fingerprint, so no GPU is needed."""
+    return fingerprint.Fingerprint(
+        platform="gpu", name="Test GPU", model="test-gpu", sm_count=132, memory_bytes=80 << 30,
+        l2_bytes=l2_bytes, compute_capability="90", driver="580", cuda="13.0",
+        default_sm_mhz=1980, max_sm_mhz=1980, versions=())
+
+
+def _largest_cpu_cache() -> int:
+    """The largest cache sysfs lists for CPU 0 (read here independently of the timer)."""
+    import pathlib
+
+    sizes = []
+    for entry in pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = entry.read_text().strip()
+        sizes.append(int(text.rstrip("KM")) << {"K": 10, "M": 20}.get(text[-1], 0))
+    return max(sizes, default=timing.CPU_CACHE_FALLBACK_BYTES)
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+@pytest.mark.parametrize("framework", ["jax", "torch"])
+def test_cold_flush_covers_the_devices_last_level_cache(monkeypatch, device, platform,
+                                                       framework):
+    """The cold regime's flush writes at least the device's L2 (a GPU's, from its
+    fingerprint; the CPU's largest cache), whichever framework times the call; the hot regime
+    writes nothing. A GPU's samplers are built from the same size (`l2_bytes`)."""
+    flushes = []
+
+    def recording_flush(nbytes, *args, **kwargs):
+        flushes.append(nbytes)
+        return lambda: None
+
+    for name in ("jax_flush", "numpy_flush", "torch_flush"):
+        monkeypatch.setattr(timing, name, recording_flush)
+    target = _gpu(l2_bytes=60 << 20) if platform == "gpu" else device
+    cache = target.l2_bytes if platform == "gpu" else _largest_cpu_cache()
+    assert timing.l2_bytes(target) >= cache
+    timeable = timing.Timeable("nothing", framework, lambda: None, (), on_gpu=False)
+    _, method = timing.make_sampler(timeable, "cold", target)
+    assert method == "host-clock"
+    assert len(flushes) == 1 and flushes[0] >= cache, (flushes, cache)
+    timing.make_sampler(timeable, "hot", target)
+    assert len(flushes) == 1
+
+
+def test_a_gpu_with_no_known_l2_refuses_the_cold_regime():
+    with pytest.raises(RuntimeError, match=r"cannot flush L2 on Test GPU: its L2 size is unknown"):
+        timing.l2_bytes(_gpu(l2_bytes=0))
+
+
+def test_stopping_rule_defaults_are_the_documented_ones(monkeypatch):
+    """README, "Timing and the roofline": converged under 0.5% CV after 20 samples and 20 ms,
+    else a 3 s budget on a GPU or 10,000 samples; launch cost over 20 calls."""
+    monkeypatch.delenv("KERNELPERF_TIME_BUDGET", raising=False)
+    rule = timing.StoppingRule()
+    assert (rule.max_noise, rule.min_samples, rule.min_time_s, rule.max_samples) == \
+        (0.005, 20, 0.02, 10_000)
+    assert timing.default_rule(_gpu(50 << 20)).time_budget_s == 3.0
+    assert timing.LAUNCH_CALLS == 20

@@ -115,3 +115,56 @@ def test_planted_error_through_the_harness_fails(op_name, dtype, factor):
     impl = registry.Implementation(op=op_name, name=f"planted-{factor:g}x", fn=fn)
     with pytest.raises(checking.CheckFailure, match="output"):
         checking.check(impl, case, gradients=False)
+
+
+# Gradients are judged against the output's tolerance times this factor (registry.Operation's
+# default, which every operation keeps); pinned like the tolerances, so the gradients'
+# tolerance cannot loosen through the factor, nor at the call in `checking.check`.
+GRADIENT_FACTOR = 4.0
+
+
+def test_every_operations_gradient_factor_is_pinned():
+    assert {op.name: op.gradient_tolerance_factor for op in registry.operations()} == \
+        dict.fromkeys(PINNED_OPS, GRADIENT_FACTOR)
+
+
+def _softmax_with_gradient_off_by(relative: float):
+    """A correct softmax whose VJP is scaled by (1 + relative): a gradient error of exactly
+    `relative` in norm and in max, the output untouched."""
+    import jax
+    import jax.numpy as jnp
+
+    @jax.custom_vjp
+    def softmax(x):
+        return jax.nn.softmax(x, axis=-1)
+
+    def forward(x):
+        y = softmax(x)
+        return y, y
+
+    def backward(y, dy):
+        dx = y * (dy - jnp.sum(y * dy, axis=-1, keepdims=True))
+        return (dx * (1.0 + relative),)
+
+    softmax.defvjp(forward, backward)
+    return softmax
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("factor", [3.0, 0.3])
+def test_gradient_error_is_judged_against_the_pinned_gradient_tolerance(dtype, factor):
+    """Through `checking.check`: a gradient off by 3x the pinned gradient tolerance fails on
+    dx, one off by 0.3x of it passes (so the failure is the error's size, not any error)."""
+    op = registry.operation("softmax")
+    case = _first_cases(op)[dtype]
+    gradient_tolerance = PINNED_OPS["softmax"][dtype] * GRADIENT_FACTOR
+    impl = registry.Implementation(op="softmax", name=f"dx-off-{factor:g}x",
+                                   fn=_softmax_with_gradient_off_by(factor * gradient_tolerance))
+    if factor > 1:
+        with pytest.raises(checking.CheckFailure, match=r" dx: rel \d"):
+            checking.check(impl, case)
+    else:
+        output, dx = checking.check(impl, case)
+        assert dx.name.endswith(" dx")
+        assert dx.tolerance == pytest.approx(gradient_tolerance, rel=1e-3)
+        assert factor * gradient_tolerance / 2 < dx.relative_error < gradient_tolerance

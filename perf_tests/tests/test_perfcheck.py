@@ -76,6 +76,40 @@ def test_floor_tables_name_real_kernels_baselines_and_roofs(device_name):
         assert len(floor.reason) <= 200, f"{floor.op}-{floor.impl}: reason is one line"
 
 
+def test_each_gpu_model_is_judged_by_its_own_floors_only():
+    """A floor records what one GPU model measured: no floor (object or reason) is shared
+    between two models' tables, and every other model the datasheet knows has no table, so
+    its runs record and skip instead of being held to another model's numbers."""
+    owners: dict[int, list[str]] = {}
+    reasons: dict[str, list[str]] = {}
+    for model_name, table in floors.FLOORS.items():
+        for floor in table:
+            owners.setdefault(id(floor), []).append(model_name)
+        for reason in {floor.reason for floor in table}:
+            reasons.setdefault(reason, []).append(model_name)
+    assert all(len(models) == 1 for models in owners.values()), owners
+    assert all(len(models) == 1 for models in reasons.values()), \
+        {reason: models for reason, models in reasons.items() if len(models) > 1}
+    for model_name in set(ceilings.DATASHEET) - set(floors.FLOORS):
+        assert floors.table(model_name) is None, model_name
+        assert floors.floor_for(model_name, "softmax", "pallas", "f32-32768x4096", "fwd") is None
+    for model_name, table in floors.FLOORS.items():
+        assert floors.table(model_name) is table
+
+
+def test_floor_for_reads_the_named_models_table(monkeypatch):
+    """The floor comes from the asked model's table, not another's: two models, one floor
+    each, same kernel."""
+    fields = dict(op="softmax", impl="pallas", against="baseline")
+    slow = floors.Floor(**fields, fraction=0.2, reason="model A's run")
+    fast = floors.Floor(**fields, fraction=0.9, reason="model B's run")
+    monkeypatch.setattr(floors, "FLOORS", {"GPU A": (slow,), "GPU B": (fast,)})
+    assert floors.floor_for("GPU A", "softmax", "pallas", "f32-1x1", "fwd") is slow
+    assert floors.floor_for("GPU B", "softmax", "pallas", "f32-1x1", "fwd") is fast
+    assert floors.floor_for("GPU C", "softmax", "pallas", "f32-1x1", "fwd") is None
+    assert floors.table("GPU B") == (fast,) and floors.table("GPU C") is None
+
+
 def test_the_most_specific_floor_wins_and_ties_are_refused(monkeypatch):
     picked = floors.floor_for(H100, "softmax", "pallas", "f32-256x1024", "bwd")
     assert (picked.case, picked.direction, picked.against) == ("256x1024", "bwd", "baseline")
@@ -95,6 +129,44 @@ def test_floor_rejects_bad_fields(bad, match):
     fields = dict(op="softmax", impl="pallas", against="baseline", fraction=0.5, reason="why")
     with pytest.raises(ValueError, match=match):
         floors.Floor(**{**fields, **bad})
+
+
+def test_a_floor_describes_what_it_is_a_fraction_of():
+    fields = dict(op="softmax", impl="pallas", fraction=0.5, reason="why")
+    assert floors.Floor(**fields, against="roofline").describe() == \
+        "0.50 of the datasheet roofline"
+    assert floors.Floor(**fields, against="baseline").describe() == "0.50 of the best baseline"
+    assert floors.Floor(**fields, against="baseline", baseline="torch").describe() == \
+        "0.50 of baseline torch"
+
+
+@pytest.mark.parametrize("fraction", [1e-3, 1.0, 1.5])
+def test_floor_fractions_up_to_one_and_a_half_are_taken(fraction):
+    floor = floors.Floor(op="softmax", impl="pallas", against="roofline", fraction=fraction,
+                         reason="why", direction="bwd", case="1x1")
+    assert floor.matches("softmax", "pallas", "f32-1x1", "bwd")
+    assert not floor.matches("softmax", "pallas", "f32-1x1", "fwd")
+    assert not floor.matches("softmax", "pallas", "f32-2x2", "bwd")
+    assert not floor.matches("softmax", "triton", "f32-1x1", "bwd")
+    assert not floor.matches("matmul", "pallas", "f32-1x1", "bwd")
+    assert floor.specificity == (True, True)
+
+
+def test_floor_rejects_a_fraction_above_one_and_a_half_naming_it():
+    with pytest.raises(ValueError, match=r"^fraction: expected 0 < fraction <= 1.5, got 1.6$"):
+        floors.Floor(op="softmax", impl="pallas", against="roofline", fraction=1.6, reason="r")
+
+
+def test_floors_made_for_several_kernels_share_everything_but_the_kernel():
+    made = floors._floors("softmax", ("pallas", "triton"), "baseline", 0.4, "shared reason",
+                          direction="bwd", case="256x1024")
+    assert [f.impl for f in made] == ["pallas", "triton"]
+    assert {(f.op, f.against, f.fraction, f.reason, f.direction, f.case, f.baseline)
+            for f in made} == {("softmax", "baseline", 0.4, "shared reason", "bwd",
+                                "256x1024", None)}
+    (one,) = floors._floors("matmul", "cuda_sgemm", "baseline", 0.6, "r", baseline="torch")
+    assert (one.impl, one.baseline, one.direction, one.case) == ("cuda_sgemm", "torch", None,
+                                                                 None)
 
 
 # Verdicts
@@ -229,3 +301,427 @@ def test_asv_does_not_import_the_pytest_side():
     # asv's discovery imports every module of the perf_tests package (benchmark_dir).
     here = pathlib.Path(__file__).parent
     assert (here.parent / "__init__.py").exists() and not (here / "__init__.py").exists()
+
+
+# Which kernels are timed, how long, and what each record carries
+
+def _machine(platform: str):
+    from kernels.core import devices
+
+    return devices.Machine(platform=platform, device_kind="test", device_count=1,
+                           compute_capability=(9, 0) if platform == "gpu" else None)
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+def test_perf_items_are_every_kernel_bench_case_and_direction_it_has(platform):
+    """One item per (our kernel, bench case of the platform, direction it runs), baselines
+    never; on CPU only CPU_IMPLEMENTATIONS run, every other runnable item says why not."""
+    from kernels.core import devices
+
+    machine = _machine(platform)
+    items = perfcheck.perf_items(machine)
+    expected = {(impl.id, case.id, direction)
+                for op in registry.operations()
+                for case in registry.bench_cases(op, platform)
+                for direction in registry.DIRECTIONS
+                for impl in registry.implementations(op.name)
+                if not impl.baseline and registry.has_direction(impl, direction)}
+    assert {(i.impl.id, i.case.id, i.direction) for i in items} == expected
+    assert len(items) == len(expected)
+    for item in items:
+        unavailable = devices.case_unavailable_reason(item.impl, item.case, machine)
+        timed_here = platform == "gpu" or \
+            (item.impl.op, item.impl.name) in perfcheck.CPU_IMPLEMENTATIONS
+        if unavailable:
+            assert item.skip_reason == unavailable, item.id
+        elif timed_here:
+            assert item.skip_reason is None, item.id
+        else:
+            assert item.skip_reason.startswith("on CPU the perf tests time only softmax-pallas")
+        assert item.id == f"{item.impl.id}-{item.case.id}-{item.direction}"
+        assert item.group == f"{item.case.op} {item.case.id} {item.direction}"
+    if platform == "cpu":
+        assert any(i.skip_reason is None for i in items)
+
+
+def test_baselines_for_are_the_operations_baselines_that_run_the_case_here():
+    from kernels.core import devices
+
+    _, impl, case = _softmax("f32-256x1024")
+    for platform in ("gpu", "cpu"):
+        machine = _machine(platform)
+        for direction in registry.DIRECTIONS:
+            found = perfcheck.baselines_for(impl, case, direction, machine)
+            assert all(peer.op == "softmax" for peer in found)
+            for peer in registry.implementations("softmax"):
+                runs = (peer.baseline and registry.has_direction(peer, direction)
+                        and devices.case_unavailable_reason(peer, case, machine) is None)
+                assert (peer in found) == runs, (platform, direction, peer.name)
+    assert perfcheck.baselines_for(impl, case, "fwd", _machine("gpu"))
+
+
+def test_stopping_rule_is_the_budget_asked_for_and_fewer_samples_on_cpu(monkeypatch):
+    monkeypatch.delenv(perfcheck.BUDGET_VARIABLE, raising=False)
+    gpu = perfcheck.stopping_rule(_device())
+    assert gpu == timing.StoppingRule(time_budget_s=perfcheck.GPU_BUDGET_S)
+    cpu = perfcheck.stopping_rule(_device("AMD EPYC", "cpu"))
+    assert cpu == timing.StoppingRule(time_budget_s=perfcheck.CPU_BUDGET_S,
+                                      min_samples=perfcheck.CPU_MIN_SAMPLES)
+    monkeypatch.setenv(perfcheck.BUDGET_VARIABLE, "2.5")
+    assert perfcheck.stopping_rule(_device()).time_budget_s == 2.5
+    monkeypatch.setenv(perfcheck.BUDGET_VARIABLE, "")
+    assert perfcheck.stopping_rule(_device()).time_budget_s == perfcheck.GPU_BUDGET_S
+    monkeypatch.setenv(perfcheck.BUDGET_VARIABLE, "soon")
+    with pytest.raises(ValueError, match=r"^KERNELPERF_PERF_BUDGET: expected seconds as a "
+                                         r"number, got 'soon'$"):
+        perfcheck.stopping_rule(_device())
+
+
+def test_extra_info_carries_every_number_of_the_verdict():
+    op, impl, case = _softmax()
+    measured = _measurement(2e-3)
+    baselines = {"xla": _measurement(1e-3, label="xla")}
+    sheet = _sheet_placement(op, case, 2e-3)
+    floor = floors.floor_for(H100, "softmax", "pallas", case.id, "fwd")
+    verdict = _judge(measured, baselines, sheet, floor)
+    work = op.work(case, "fwd")
+    info = perfcheck.extra_info(measured=measured, work=work, sheet=sheet, measured_roof=None,
+                                verdict=verdict, baselines=baselines, device=_device(),
+                                baseline_errors={"torch": "boom"})
+    assert info["clock_method"] == "cupti" and info["regime"] == "cold"
+    assert info["stop_reason"] == "converged" and info["throttled_samples"] == 0
+    assert info["cv"] == pytest.approx(measured.cv)
+    assert info["tflops"] == pytest.approx(work.flops / 2e-3 / 1e12)
+    assert info["gbps"] == pytest.approx(work.bytes / 2e-3 / 1e9)
+    assert info["roofline_fraction"] == sheet.fraction
+    assert info["roofline_ceiling"] == sheet.ceiling and info["bound"] == sheet.bound
+    assert info["measured_roofline_fraction"] is None
+    assert info["speedup"] == pytest.approx(0.5) and info["best_baseline"] == "xla"
+    assert info["baselines"] == {"xla": {"median_s": 1e-3, "method": "cupti",
+                                         "cv": pytest.approx(baselines["xla"].cv)}}
+    assert info["baseline_errors"] == {"torch": "boom"}
+    assert info["floor"] == dataclasses.asdict(floor)
+    assert info["floor_value"] == verdict.value and info["floor_verdict"] == verdict.status
+    assert info["fingerprint"] == _device().to_dict()
+
+
+def test_extra_info_without_a_datasheet_uses_the_measured_roof_and_drops_infinite_cvs():
+    op, impl, case = _softmax()
+    one = timing.Measurement.from_samples([2e-3], label="m", method="host-clock",
+                                          regime="hot", stop_reason="max-samples",
+                                          fingerprint={})
+    roof = model.place(op.work(case, "fwd"), 2e-3,
+                       ceilings.Ceiling("cpu", "measured", 1e10, {"f32": 1e11}), case.dtype)
+    verdict = _judge(one, {}, None, None, device=_device("AMD EPYC", "cpu"), has_floors=False)
+    info = perfcheck.extra_info(measured=one, work=op.work(case, "fwd"), sheet=None,
+                                measured_roof=roof, verdict=verdict,
+                                baselines={"xla": one}, device=_device("AMD EPYC", "cpu"))
+    assert info["cv"] is None and info["baselines"]["xla"]["cv"] is None
+    assert info["roofline_fraction"] == roof.fraction == info["measured_roofline_fraction"]
+    assert info["roofline_ceiling"] == roof.ceiling and info["bound"] == roof.bound
+    assert info["floor"] is None and info["floor_value"] is None
+    assert info["floor_verdict"] == "skipped" and info["baseline_errors"] == {}
+    assert info["regime"] == "hot" and info["stop_reason"] == "max-samples"
+
+
+class _Benchmark:
+    """pytest-benchmark's fixture as `record` uses it: pedantic runs the target once per
+    round and keeps each round's duration by the fixture's timer (device_time)."""
+
+    def __init__(self, disabled: bool = False, keep=None):
+        self.extra_info, self.disabled, self.keep = {}, disabled, keep
+        self.stats = None
+
+    def pedantic(self, target, rounds, iterations, warmup_rounds):
+        assert (iterations, warmup_rounds) == (1, 0)
+        durations = []
+        for _ in range(rounds):
+            start = perfcheck.device_time()
+            target()
+            durations.append(perfcheck.device_time() - start)
+        if getattr(self, "disabled", False):
+            return
+        import types
+
+        kept = durations if self.keep is None else self.keep(durations)
+        self.stats = types.SimpleNamespace(stats=types.SimpleNamespace(data=kept))
+
+
+def test_record_replays_the_device_samples_as_the_rounds():
+    measured = timing.Measurement.from_samples([1e-3, 3e-3, 2e-3], label="m", method="cupti",
+                                               regime="cold", stop_reason="converged",
+                                               fingerprint={})
+    bench = _Benchmark()
+    perfcheck.record(bench, measured, {"tflops": 1.0})
+    assert bench.extra_info == {"tflops": 1.0}
+    assert bench.stats.stats.data == pytest.approx([1e-3, 3e-3, 2e-3], rel=1e-9)
+    perfcheck.record(_Benchmark(disabled=True), measured, {})  # nothing recorded, no check
+    with pytest.raises(AssertionError, match=r"recorded 2 durations .* not the 3 device "
+                                             r"samples \(median 2.000e-03 s\)"):
+        perfcheck.record(_Benchmark(keep=lambda d: d[:2]), measured, {})
+    with pytest.raises(AssertionError, match="is its timer kernels.bench.perfcheck.device_time"):
+        perfcheck.record(_Benchmark(keep=lambda d: [x * 1.01 for x in d]), measured, {})
+
+
+def test_describe_measurement_names_its_clock_and_throttling():
+    m = timing.Measurement.from_samples([1e-3, 1e-3], throttled=[True, False], label="m",
+                                        method="cupti", regime="cold", stop_reason="converged",
+                                        fingerprint={})
+    assert perfcheck.describe_measurement(m) == \
+        "1000.00 us median (cupti, cold L2, 2 samples, cv 0.00%, converged, 1 throttled)"
+    assert perfcheck.describe_measurement(_measurement(2e-6)).startswith(
+        "2.00 us median (cupti, cold L2, 3 samples, cv 0.10%, converged)")
+
+
+def _verdict_fixture():
+    op, _, case = _softmax()
+    baselines = {"torch": _measurement(1.5e-3, label="torch"),
+                 "xla": _measurement(1e-3, label="xla"),
+                 "cudnn": _measurement(1e-3, method="cuda-events", label="cudnn")}
+    errors = {"triton": "RuntimeError: " + "x" * 400 + "\nsecond line"}
+    return op, case, baselines, errors, _sheet_placement(op, case, 2e-3)
+
+
+def test_a_verdict_shows_every_number_line_by_line():
+    """A kernel exactly at its floor passes; the message is the verdict, then the kernel's
+    measurement, its roofline, each same-clock baseline fastest first, the baselines of
+    another clock, and those that failed (their first line, cut at 300 characters)."""
+    op, case, baselines, errors, placement = _verdict_fixture()
+    measured = _measurement(2e-3)
+    floor = floors.Floor(op="softmax", impl="pallas", against="baseline", fraction=0.5,
+                         reason="why")
+    verdict = perfcheck.judge(label="k", device=_device(), measured=measured,
+                              baselines=baselines, placement=placement, floor=floor,
+                              has_floors=True, baseline_errors=errors)
+    assert (verdict.status, verdict.method, verdict.floor) == ("pass", "cupti", floor)
+    assert verdict.value == pytest.approx(0.5)
+    describe = perfcheck.describe_measurement
+    assert verdict.message.split("\n") == [
+        f"k on {H100}: 0.500x the speed of baseline xla (1000.00 us) >= floor 0.50 (why)",
+        f"measured: {describe(measured)}",
+        f"roofline: {placement.fraction:.3f} of {placement.ceiling} ({placement.bound}-bound; "
+        f"{placement.achieved_bandwidth / 1e9:.0f} GB/s, "
+        f"{placement.achieved_flops / 1e12:.2f} TFLOP/s)",
+        f"baseline xla: {describe(baselines['xla'])}; ours is 0.500x its speed",
+        f"baseline torch: {describe(baselines['torch'])}; ours is 0.750x its speed",
+        f"not compared (another clock than cupti): cudnn (cuda-events); "
+        f"{timing.comparable(measured, *baselines.values())}",
+        "baseline triton could not be timed: " + ("RuntimeError: " + "x" * 400)[:300]]
+    slower = perfcheck.judge(label="k", device=_device(), measured=_measurement(2.1e-3),
+                             baselines=baselines, placement=placement, floor=floor,
+                             has_floors=True)
+    assert slower.status == "fail"
+    assert slower.message.split("\n")[0] == (
+        f"under its floor: k on {H100}: 0.476x the speed of baseline xla (1000.00 us) < floor "
+        f"0.50 (why)")
+
+
+def test_a_refusal_names_the_baseline_it_wanted_and_every_one_it_had():
+    op, case, baselines, errors, placement = _verdict_fixture()
+    named = floors.Floor(op="softmax", impl="pallas", against="baseline", fraction=0.5,
+                         reason="why", baseline="cudnn")
+    verdict = perfcheck.judge(label="k", device=_device(), measured=_measurement(2e-3),
+                              baselines=baselines, placement=placement, floor=named,
+                              has_floors=True, baseline_errors=errors)
+    assert (verdict.status, verdict.floor, verdict.method) == ("refused", named, "cupti")
+    head, second = verdict.message.split("\n")[:2]
+    assert head == ("k: refusing to compare with baseline cudnn: k was timed by cupti, and no "
+                    "such baseline was timed by the same clock (baselines: torch (cupti), "
+                    "xla (cupti), cudnn (cuda-events), triton (failed))")
+    assert second.startswith("measured: ")
+    anyone = dataclasses.replace(named, baseline=None)
+    alone = perfcheck.judge(label="k", device=_device(), measured=_measurement(2e-3),
+                            baselines={}, placement=None, floor=anyone, has_floors=True)
+    assert alone.message.split("\n")[0].startswith("k: refusing to compare with a baseline: ")
+    assert alone.message.split("\n")[0].endswith("(baselines: none)")
+    assert alone.floor == anyone
+
+
+def test_a_skipped_verdict_still_shows_the_measurement():
+    measured = _measurement(1e-3)
+    skipped = _judge(measured, {}, None, None, device=_device("NVIDIA H200"), has_floors=False)
+    assert skipped.message.split("\n")[1] == \
+        f"measured: {perfcheck.describe_measurement(measured)}"
+    assert skipped.method == "cupti"
+
+
+def test_placements_use_the_datasheet_and_only_a_measured_roof_of_the_same_clock(monkeypatch):
+    op, impl, case = _softmax()
+    sheet = ceilings.datasheet(H100)
+    roof = ceilings.Ceiling(H100, "measured", 3.0e12, {"f32": 4e14}, method="cupti")
+    asked = []
+
+    def for_device(device, *, allow_measure):
+        asked.append((device.platform, allow_measure))
+        return sheet, roof
+
+    monkeypatch.setattr(ceilings, "for_device", for_device)
+    work = op.work(case, "fwd")
+    on_sheet, on_roof = perfcheck.placements(impl, case, "fwd", 2e-3, "cupti", _device())
+    assert on_sheet == model.place(work, 2e-3, sheet, case.dtype)
+    assert on_roof == model.place(work, 2e-3, roof, case.dtype)
+    assert perfcheck.placements(impl, case, "fwd", 2e-3, "cuda-events", _device())[1] is None
+    bwd = perfcheck.placements(impl, case, "bwd", 3e-3, "cupti", _device())[0]
+    assert bwd == model.place(op.work(case, "bwd"), 3e-3, sheet, case.dtype)
+    perfcheck.placements(impl, case, "fwd", 2e-3, "host-clock", _device("AMD EPYC", "cpu"))
+    # A GPU never stops to measure its roofs inside a perf test; a CPU does (about 2 s).
+    assert asked == [("gpu", False)] * 3 + [("cpu", True)]
+    monkeypatch.setattr(ceilings, "for_device", lambda device, allow_measure: (None, None))
+    assert perfcheck.placements(impl, case, "fwd", 2e-3, "cupti", _device()) == (None, None)
+
+
+def test_placements_count_the_devices_a_sharded_case_runs_on(monkeypatch):
+    op = registry.operation("sharded_matmul")
+    impl = next(i for i in registry.implementations("sharded_matmul") if not i.baseline)
+    case = next(c for c in op.cases if impl.devices_for(c) > 1)
+    sheet = ceilings.datasheet(H100)
+    monkeypatch.setattr(ceilings, "for_device", lambda device, allow_measure: (sheet, None))
+    placed, _ = perfcheck.placements(impl, case, "fwd", 1e-3, "cupti", _device())
+    assert placed == model.place(op.work(case, "fwd"), 1e-3, sheet, case.dtype,
+                                 devices=impl.devices_for(case))
+
+
+def test_a_perf_session_times_each_triple_once_and_keeps_one_cases_inputs(monkeypatch):
+    from kernels.core import checking
+
+    made, prepared, timed = [], [], []
+
+    def make_inputs(op, case, seed, distribution):
+        made.append((op.name, case.id, seed, distribution))
+        return (f"inputs of {case.id}",)
+
+    def prepare(impl, case, *, direction, inputs):
+        prepared.append((impl.id, case.id, direction, inputs))
+        return f"{impl.id} {case.id} {direction}"
+
+    def time_timeable(timeable, *, rule, device):
+        timed.append((timeable, rule, device))
+        return _measurement(1e-3, label=timeable)
+
+    monkeypatch.setattr(checking, "make_inputs", make_inputs)
+    monkeypatch.setattr(timing, "prepare", prepare)
+    monkeypatch.setattr(timing, "time_timeable", time_timeable)
+    rule, device = timing.StoppingRule(time_budget_s=0.5), _device()
+    session = perfcheck.PerfSession(device, rule)
+    op, impl, case = _softmax()
+    other = op.case("f32-256x1024")
+    first = session.measure(impl, case, "fwd")
+    assert session.measure(impl, case, "fwd") is first
+    session.measure(impl, case, "bwd")
+    session.measure(impl, other, "fwd")
+    session.measure(impl, case, "fwd")
+    assert made == [("softmax", case.id, 0, "normal"), ("softmax", other.id, 0, "normal")]
+    assert [p[:3] for p in prepared] == [(impl.id, case.id, "fwd"), (impl.id, case.id, "bwd"),
+                                         (impl.id, other.id, "fwd")]
+    assert prepared[0][3] == (f"inputs of {case.id}",)
+    assert prepared[2][3] == (f"inputs of {other.id}",)
+    assert all(r is rule and d is device for _, r, d in timed) and len(timed) == 3
+    assert first.label == f"{impl.id} {case.id} fwd"
+
+
+def test_a_baseline_that_raises_is_named_once_and_never_timed_again(monkeypatch):
+    op, impl, case = _softmax("f32-256x1024")
+    peers = [p for p in registry.implementations("softmax") if p.baseline][:2]
+    assert len(peers) == 2
+    asked = []
+
+    def baselines_for(kernel, for_case, direction):
+        asked.append((kernel, for_case, direction))
+        return peers
+
+    monkeypatch.setattr(perfcheck, "baselines_for", baselines_for)
+    calls = []
+
+    def measure(self, peer, for_case, direction):
+        assert (for_case, direction) == (case, "fwd")
+        calls.append(peer.name)
+        if peer is peers[0]:
+            raise RuntimeError("out of memory\ndetails")
+        return _measurement(1e-3, label=peer.name)
+
+    monkeypatch.setattr(perfcheck.PerfSession, "measure", measure)
+    session = perfcheck.PerfSession(_device(), timing.StoppingRule())
+    for _ in range(2):
+        measured, errors = session.measure_baselines(impl, case, "fwd")
+        assert list(measured) == [peers[1].name]
+        assert errors == {peers[0].name: "RuntimeError: out of memory\ndetails"}
+    assert calls == [peers[0].name, peers[1].name, peers[1].name]
+    assert asked == [(impl, case, "fwd")] * 2
+
+
+def test_extra_info_without_any_roof_has_no_roofline_numbers():
+    op, _, case = _softmax()
+    measured = _measurement(1e-3)
+    verdict = _judge(measured, {}, None, None, device=_device("NVIDIA H200"), has_floors=False)
+    info = perfcheck.extra_info(measured=measured, work=op.work(case, "fwd"), sheet=None,
+                                measured_roof=None, verdict=verdict, baselines={},
+                                device=_device("NVIDIA H200"))
+    assert info["roofline_fraction"] is info["roofline_ceiling"] is info["bound"] is None
+    assert info["speedup"] is None and info["best_baseline"] is None
+
+
+def test_times_are_shown_in_microseconds_to_two_places():
+    assert perfcheck._us(0.123456) == "123456.00 us"
+    assert perfcheck._us(1.5e-6) == "1.50 us"
+
+
+def test_a_saved_run_of_unknown_clock_or_device_is_refused_saying_so():
+    measured = _measurement(1e-3)
+    assert "timed by an unknown method, this run by cupti" in perfcheck.compare_refusal(
+        {}, {"model": "x"}, measured, _device(), "0001")
+    assert "ran on an unknown device, this run on nvidia-h100-80gb-hbm3" in \
+        perfcheck.compare_refusal({"clock_method": "cupti"}, None, measured, _device(), "0001")
+
+
+def test_two_workers_already_share_the_device(monkeypatch):
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    assert perfcheck.parallel_reason().startswith("2 pytest-xdist workers share the device")
+
+
+def test_a_host_clock_refusal_keeps_its_floor_and_the_measurement():
+    op, _, case = _softmax()
+    floor = floors.floor_for(H100, "softmax", "pallas", case.id, "fwd")
+    host = _measurement(355e-6, "host-clock")
+    verdict = _judge(host, {}, _sheet_placement(op, case, host.median_s), floor)
+    assert verdict.floor == floor and verdict.method == "host-clock"
+    assert verdict.message.split("\n")[1] == f"measured: {perfcheck.describe_measurement(host)}"
+
+
+def test_a_roofline_floor_names_the_fraction_and_needs_a_datasheet():
+    op, _, case = _softmax()
+    floor = floors.Floor(op="softmax", impl="pallas", against="roofline", fraction=0.5,
+                         reason="why")
+    placement = _sheet_placement(op, case, 0.5e-3)
+    verdict = _judge(_measurement(0.5e-3), {}, placement, floor)
+    assert verdict.message.split("\n")[0].startswith(
+        f"softmax-pallas-f32-32768x4096-fwd on {H100}: {placement.fraction:.3f} of the "
+        f"datasheet roofline ")
+    with pytest.raises(ValueError, match=r"^floor of softmax-pallas-f32-32768x4096-fwd is a "
+                                         r"fraction of the roofline, but NVIDIA H100 80GB HBM3 "
+                                         r"has no datasheet ceilings$"):
+        _judge(_measurement(1e-3), {}, None, floor)
+
+
+def test_a_verdict_status_is_one_of_four():
+    with pytest.raises(ValueError, match=r"^status: expected pass, fail, refused or skipped, "
+                                         r"got 'maybe'$"):
+        perfcheck.Verdict(status="maybe", message="", method="cupti")
+
+
+def test_record_checks_what_was_recorded_to_one_part_in_a_billion():
+    measured = timing.Measurement.from_samples([1e-3, 3e-3], label="m", method="cupti",
+                                               regime="cold", stop_reason="converged",
+                                               fingerprint={})
+    with pytest.raises(AssertionError, match=r"recorded 2 durations"):
+        perfcheck.record(_Benchmark(keep=lambda d: [x * (1 + 1e-7) for x in d]), measured, {})
+    with pytest.raises(AssertionError, match=r"recorded 0 durations \(median nan s\)"):
+        perfcheck.record(_Benchmark(keep=lambda d: []), measured, {})
+
+    class Plain(_Benchmark):  # a fixture of a pytest-benchmark without `disabled`
+        def __getattribute__(self, name):
+            if name == "disabled":
+                raise AttributeError(name)
+            return super().__getattribute__(name)
+
+    with pytest.raises(AssertionError, match=r"recorded 1 durations"):
+        perfcheck.record(Plain(keep=lambda d: d[:1]), measured, {})

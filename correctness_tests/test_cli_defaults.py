@@ -1,0 +1,112 @@
+"""The command line's defaults are the ones the README documents: each expected value is read
+from the README's own sentence, so the two cannot drift apart, and a default changed in one
+place alone fails here (a compare gap raised from 5% to 15% passed every other CPU test)."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+
+from kernels.bench import asv_tools
+from kernels.cli import arguments, bench, check, measure, profile, tune
+
+README = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+
+def _documented(pattern: str) -> tuple[str, ...]:
+    """The groups of the README's one match of `pattern` (whitespace as in a wrapped line)."""
+    found = re.findall(pattern.replace(" ", r"\s+"), README)
+    assert len(found) == 1, f"README: expected one sentence matching {pattern!r}, got {found}"
+    return found[0] if isinstance(found[0], tuple) else (found[0],)
+
+
+def _percent(text: str) -> float:
+    return float(text) / 100
+
+
+def _parser() -> arguments.Parser:
+    """The parser `python -m kernels` builds (kernels.cli.main), every command group on it."""
+    parser = arguments.Parser(prog="python -m kernels")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for group in (check, bench, measure, profile, tune):
+        group.add_commands(sub)
+    return parser
+
+
+def _defaults(*argv: str) -> dict:
+    return vars(_parser().parse_args(list(argv)))
+
+
+GAP = _percent(*_documented(r"(\d+)% \(`--min-gap`\)"))
+
+
+def test_the_readme_states_one_compare_gap_and_the_gate_uses_it():
+    assert asv_tools.DEFAULT_MIN_GAP == pytest.approx(GAP)
+
+
+def test_bench_confirms_slower_rows_as_documented_and_compare_does_not():
+    (rounds,) = _documented(r"`--confirm-rounds`, (\d+) by default")
+    assert _defaults("bench")["confirm_rounds"] == int(rounds)
+    assert _defaults("compare", "HEAD")["confirm_rounds"] == 0
+    assert not _defaults("bench")["reuse_base"]
+
+
+@pytest.mark.parametrize("argv", [("bench",), ("bench", "--base", "HEAD"), ("compare", "HEAD")],
+                         ids=" ".join)
+def test_bench_and_compare_default_to_the_documented_gap(argv):
+    assert _defaults(*argv)["min_gap"] == pytest.approx(GAP)
+
+
+def test_bench_and_compare_default_to_head():
+    assert _defaults("bench")["head"] == _defaults("compare", "HEAD~0")["head"] == "HEAD"
+    assert _defaults("bench")["base"] is None
+    assert _defaults("noise-floor")["revision"] == "HEAD"
+
+
+def test_gate_power_defaults_are_the_documented_plan():
+    small, large, trials = _documented(
+        r"gate-power +# GPU: (\d+)% and (\d+)% plants x(\d+) in every family, A/A, a speed-up")
+    (factor,) = _documented(r"the mark asv's own test gives at `-f ([\d.]+)`")
+    args = _defaults("gate-power")
+    assert args["aa_trials"] == 1
+    assert args["trials"] == int(trials)
+    assert args["sizes"] == pytest.approx((_percent(small), _percent(large)))
+    assert args["factor"] == pytest.approx(float(factor))
+    assert not args["no_speedup"] and not args["keep"] and not args["fresh_base"]
+    from kernels.bench import gate
+
+    assert args["families"] == list(gate.FAMILIES) and args["ops"] == list(gate.OPS)
+
+
+@pytest.mark.parametrize("command", ["time", "roofline"])
+def test_timing_commands_default_to_the_documented_regime(command):
+    (regime,) = _documented(r"The default regime is \*(\w+)\*")
+    args = _defaults(command, "softmax")
+    assert args["regime"] == regime
+    assert args["tags"] is None and args["budget"] is None and not args["mixed_clocks"]
+    assert not args["any_size"]
+
+
+def test_time_and_roofline_default_directions():
+    """`time` the forward (README: `time softmax --direction fwd bwd` asks for both), the
+    roofline both directions (one chart per direction)."""
+    assert _defaults("time", "softmax")["direction"] == ["fwd"]
+    assert _defaults("roofline", "softmax")["direction"] == ["fwd", "bwd"]
+    assert str(_defaults("roofline", "softmax")["out"]) == "traces"
+
+
+def test_every_option_default_survives_its_own_type():
+    """A default given as text goes through the option's type as typed input does (argparse
+    converts it), so a default that its own check would refuse cannot hide."""
+    parser = _parser()
+    (sub,) = [a for a in parser._actions if a.dest == "command"]
+    for name, command in sub.choices.items():
+        for action in command._actions:
+            if isinstance(action.default, str) and action.type is not None:
+                action.type(action.default)  # raises on a default the option refuses
+            if action.choices is not None and action.default is not None:
+                values = action.default if isinstance(action.default, list) else \
+                    [action.default]
+                assert set(values) <= set(action.choices), (name, action.dest)

@@ -1,0 +1,60 @@
+"""`make mutation`'s own bookkeeping (kernels/testing/mutation.py), without running mutmut: what
+counts as text only, how a module is scored, what a target must say."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels.testing import mutation
+
+ORIGINAL = '''
+def x_add__mutmut_orig(sub):
+    p = sub.add_parser("gate", help="plant slowdowns")
+    p.add_argument("--trials", type=int, default=3, help=f"trials ({' '.join(NAMES)})")
+'''
+
+
+@pytest.mark.parametrize("mutant, text", [
+    (ORIGINAL.replace('help="plant slowdowns"', 'help="XXplant slowdownsXX"'), True),
+    (ORIGINAL.replace('help="plant slowdowns"', "help=None"), True),
+    (ORIGINAL.replace("' '.join", "'XX XX'.join"), True),  # inside an f-string's help
+    (ORIGINAL.replace("default=3", "default=4"), False),
+    (ORIGINAL.replace('"--trials"', '"XX--trialsXX"'), False),
+    (ORIGINAL.replace('"gate"', '"GATE"'), False),
+    (ORIGINAL.replace(', help="plant slowdowns"', ""), False),  # an argument gone is code
+    (ORIGINAL.replace("type=int, ", ""), False),
+])
+def test_text_only_is_a_change_to_shown_text_and_nothing_else(mutant, text):
+    mutant = mutant.replace("mutmut_orig", "mutmut_7")
+    assert mutation.text_only(ORIGINAL, mutant, ("help", "metavar")) is text
+
+
+def test_a_module_is_scored_over_every_mutant():
+    """Unreached ('no tests') and surviving mutants count against the score, equivalents
+    (listed or text only) leave it, a survivor with a reason stays in it but is listed."""
+    statuses = {"m.x_f__mutmut_1": "killed", "m.x_f__mutmut_2": "timeout",
+                "m.x_f__mutmut_3": "survived", "m.x_f__mutmut_4": "no tests",
+                "m.x_f__mutmut_5": "survived", "m.x_f__mutmut_6": "not checked"}
+    scored = mutation.score_module("m", statuses, text=frozenset({"m.x_f__mutmut_5"}))
+    assert (scored.total, scored.killed, scored.scored) == (6, 2, 5)
+    assert scored.equivalent == ("m.x_f__mutmut_5",)
+    assert scored.survivors == ("m.x_f__mutmut_3", "m.x_f__mutmut_4")
+    assert scored.not_run == ("m.x_f__mutmut_6 (not checked)",)
+    assert scored.percent == "40%"
+
+
+def test_a_target_names_its_part_when_it_is_not_whole_modules():
+    with pytest.raises(ValueError, match="need a scope"):
+        mutation.Target(name="t", modules=("kernels/core/timing.py",), tests=("a.py",),
+                        functions=("kernels.core.timing.x_collect__*",))
+    whole = mutation.Target(name="t", modules=("kernels/ops/*/spec.py",), tests=("a.py",))
+    assert whole.globs == ("kernels.ops.*.spec.*",)
+
+
+def test_every_target_runs_tests_that_exist():
+    import pathlib
+
+    root = pathlib.Path(mutation.ROOT)
+    for target in mutation.TARGETS:
+        files = [arg.split("::")[0] for arg in target.tests if arg.endswith(".py")]
+        assert files and all((root / f).exists() for f in files), target.name
