@@ -87,6 +87,27 @@ class Settings:
                              f"{self.factor}")
 
 
+def bench_case(case: str | None = None) -> str:
+    """The softmax case planted: `case`, else the operation's real size on a GPU, a CPU
+    case on a CPU."""
+    from kernels.core import devices
+
+    return case or BENCH_CASE["gpu" if devices.this_machine().has_gpu else "cpu"]
+
+
+def runnable_families(case: str | None = None) -> tuple[tuple[str, ...], dict[str, str]]:
+    """(the families whose planted implementation runs `case` on this machine, why each
+    other one cannot): gate-power's default, so a CPU machine plants the ones it can run."""
+    from kernels.core import devices, registry
+
+    op = registry.operation(PLANT_OP)
+    chosen = op.case(bench_case(case))
+    why = {family: reason for family, impl in FAMILIES.items() if (
+        reason := devices.case_unavailable_reason(registry.implementation(PLANT_OP, impl),
+                                                  chosen))}
+    return tuple(family for family in FAMILIES if family not in why), why
+
+
 def plant_source(op: str, impl: str, fraction: float, framework: str) -> str:
     """Python appended to `impl`'s module: every call also runs the kernel on the first
     `fraction` of the rows. For JAX the extra result is handed to a host callback, an
@@ -245,8 +266,7 @@ def main_flow(settings: Settings, *, keep: bool = False,
     from kernels.bench import asv_tools
     from kernels.core import devices, registry
 
-    platform = "gpu" if devices.this_machine().has_gpu else "cpu"
-    case = settings.case or BENCH_CASE[platform]
+    case = bench_case(settings.case)
     op = registry.operation(PLANT_OP)
     op.case(case)  # an unknown case fails here, before any clone
     impls = [FAMILIES[f] for f in settings.families]

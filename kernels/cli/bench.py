@@ -47,8 +47,15 @@ def _fractions(text: str) -> tuple[float, ...]:
 
 
 def cmd_gate_power(args: argparse.Namespace) -> int:
+    families = args.families
+    if families is None:  # the families that run here; cuda needs a GPU
+        families, why = gate.runnable_families(args.case)  # an unknown case: UserError
+        if why:
+            print("gate-power: planting " + " ".join(families) + "; not " +
+                  "; ".join(f"{family} ({reason})" for family, reason in why.items()),
+                  flush=True)
     try:
-        settings = gate.Settings(families=tuple(args.families), sizes=args.sizes,
+        settings = gate.Settings(families=tuple(families), sizes=args.sizes,
                                  trials=args.trials, aa_trials=args.aa_trials,
                                  factor=args.factor, speedup=not args.no_speedup, case=args.case)
     except ValueError as error:
@@ -59,8 +66,9 @@ def cmd_gate_power(args: argparse.Namespace) -> int:
 def _add_gate_power(sub) -> None:
     gate_power = sub.add_parser("gate-power", help="plant slowdowns in a scratch clone and measure "
                           "what asv continuous and the compare catch")
-    gate_power.add_argument("--families", nargs="+", default=list(gate.FAMILIES),
-                      help=f"kernel families to plant in (default: {' '.join(gate.FAMILIES)})")
+    gate_power.add_argument("--families", nargs="+",
+                      help=f"kernel families to plant in (default: those of "
+                           f"{' '.join(gate.FAMILIES)} that run here)")
     gate_power.add_argument("--sizes", type=_fractions, default=gate.DEFAULT_SIZES,
                       help="planted slowdowns, e.g. 5%%,10%% (default)")
     gate_power.add_argument("--trials", type=int, default=3, help="trials per plant size")

@@ -111,6 +111,7 @@ def run(m: int, n: int, k: int, shapes: list[str], dtype: str) -> list[dict]:
     itemsize = np_dtype.itemsize
 
     one = jax.devices()[0]
+    print("  1 device: jnp.matmul", file=sys.stderr, flush=True)
     single = jax.jit(jnp.matmul)
     t_one, how = host_time("1 device", single, jax.device_put(a, one), jax.device_put(b, one))
     rows = [dict(mesh="1 device", variant="jnp.matmul", seconds=t_one, flops=flops,
@@ -139,7 +140,9 @@ def run(m: int, n: int, k: int, shapes: list[str], dtype: str) -> list[dict]:
             ("xla", xla.partitioned(mesh_shape), a_sharded),
         ]
         t_compute = None
-        for name, fn, a_in in variants:
+        for index, (name, fn, a_in) in enumerate(variants, start=1):
+            # Each variant compiles, then samples for seconds: a line as each starts.
+            print(f"  {mesh_shape}: {index}/{len(variants)} {name}", file=sys.stderr, flush=True)
             expected = NamedSharding(mesh, spec.C_SPEC)
             try:
                 out = fn(a_in, b_sharded)
@@ -160,6 +163,33 @@ def run(m: int, n: int, k: int, shapes: list[str], dtype: str) -> list[dict]:
     return rows
 
 
+def _mistake(parser: argparse.ArgumentParser, message: str) -> int:
+    """A user's mistake: one line (no usage block), exit status 2."""
+    print(f"{parser.prog}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _arguments_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the sizes and meshes asked for, or None. Checked before JAX is
+    imported (kernels.sharding.meshes imports it, and XLA_FLAGS must be set first)."""
+    for flag in ("m", "n", "k"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            return f"--{flag}: expected a size >= 1, got {value}"
+    for shape in args.mesh or ():
+        parts = shape.lower().split("x")
+        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            return f"--mesh: expected DATAxMODEL such as 4x2, got {shape!r}"
+        data, model = int(parts[0]), int(parts[1])
+        if args.m is not None and args.m % (data * model):
+            return (f"--m: expected rows divisible by data*model = {data * model} (mesh {shape}), "
+                    f"got {args.m}")
+        if args.n is not None and args.n % model:
+            return (f"--n: expected columns divisible by model = {model} (mesh {shape}), "
+                    f"got {args.n}")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.ops.sharded_matmul.overlap",
                                      description=__doc__,
@@ -174,9 +204,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-hiding", action="store_true",
                         help=f"add {LATENCY_HIDING} to XLA_FLAGS (before JAX starts)")
     args = parser.parse_args(argv)
+    problem = _arguments_problem(args)
+    if problem:
+        return _mistake(parser, problem)
     environment.configure()
     if args.latency_hiding:
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {LATENCY_HIDING}".strip()
+    print("overlap: starting JAX", file=sys.stderr, flush=True)
     import jax
 
     from kernels.sharding import meshes
@@ -184,22 +218,28 @@ def main(argv: list[str] | None = None) -> int:
     device = jax.devices()[0]
     if device.platform == "cpu" and not (args.m or args.n or args.k):
         print(f"no GPU: a CPU-sized product {'x'.join(map(str, CPU_SIZE))} on forced host "
-              f"devices (checks the variants run, times mean little); --m --n --k for others")
+              f"devices (checks the variants run, times mean little); --m --n --k for others",
+              flush=True)
     default = CPU_SIZE if device.platform == "cpu" else GPU_SIZE
     args.m, args.n, args.k = (given or size for given, size in
                               zip((args.m, args.n, args.k), default, strict=True))
     count = jax.device_count()
     shapes = args.mesh or [shape for n in (2, 4, 8) if n <= count
                            for shape in ([f"1x{n}"] + ([f"2x{n // 2}"] if n >= 4 else []))]
+    for shape in shapes:  # the defaults checked against the sizes taken from them
+        data, model = meshes.parse_mesh_shape(shape)
+        if args.m % (data * model) or args.n % model:
+            return _mistake(parser, f"--m/--n: expected rows divisible by {data * model} and "
+                                    f"columns by {model} (mesh {shape}), got {args.m}, {args.n}")
     print(f"{count} x {device.device_kind} ({device.platform}), jax {jax.__version__}; "
           f"{args.dtype} ({args.m}, {args.k}) @ ({args.k}, {args.n}); timer: kernels.core.timing "
           f"host clock over {CALLS_PER_SAMPLE} back-to-back calls per sample; "
-          f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
+          f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}", flush=True)
     for n in sorted({meshes.mesh_size(s) for s in shapes} - {1}):
         bw = meshes.interconnect_bandwidth(n, message_bytes=CPU_GATHER_BYTES) \
             if device.platform == "cpu" else meshes.interconnect_bandwidth(n)
         print(f"all-gather alone over {n} devices: {bw.bytes_per_second / 1e9:.1f} GB/s received "
-              f"per device ({bw.message_bytes / 2**20:.0f} MiB gathered, {bw.timer})")
+              f"per device ({bw.message_bytes / 2**20:.0f} MiB gathered, {bw.timer})", flush=True)
     rows = run(args.m, args.n, args.k, shapes, args.dtype)
     print(f"{'mesh':>9} {'variant':>18} {'ms':>8} {'TFLOP/s':>8} {'vs 1 dev':>8} "
           f"{'hidden':>7} {'GB/s/dev':>9} {'overlap':>8}  timing")
