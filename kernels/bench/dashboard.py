@@ -434,6 +434,22 @@ def _current_branch(repo: Path) -> str | None:
     return branch if result.returncode == 0 and branch != "HEAD" else None
 
 
+def published_branches(repo: Path) -> list[str]:
+    """The branch checked out, then asv.conf.json's. A configured branch this clone has no
+    local branch of (`main` in a clone of another branch) is taken from `origin/`; one it
+    has nowhere is left out: asv publish fails on a name git does not know."""
+    def known(name: str) -> bool:
+        return vcs.git(repo, "rev-parse", "--verify", "-q", f"{name}^{{commit}}",
+                       check=False).returncode == 0
+
+    branches = [b for b in [_current_branch(repo)] if b]
+    for branch in json.loads((ROOT / "asv.conf.json").read_text())["branches"]:
+        name = branch if known(branch) else f"origin/{branch}"
+        if known(name) and name not in branches:
+            branches.append(name)
+    return branches
+
+
 def publish_all(html_dir: str | os.PathLike = ROOT / ".asv" / "html", *,
                 sources: tuple[Path, ...] = (SHIPPED_RESULTS, LOCAL_RESULTS),
                 lists: tuple[Path, ...] = (KEPT_LIST,)) -> Path:
@@ -443,10 +459,7 @@ def publish_all(html_dir: str | os.PathLike = ROOT / ".asv" / "html", *,
     combined = ROOT / ".asv" / "dashboard-results"
     for line in combine_results(list(sources), combined, lists=lists):
         print(f"dashboard: {line}", flush=True)
-    branches = json.loads((ROOT / "asv.conf.json").read_text())["branches"]
-    current = _current_branch(ROOT)
-    if current:
-        branches = [current, *(b for b in branches if b != current)]
+    branches = published_branches(ROOT)
     html_dir = publish(combined, html_dir, branches=branches)
     print(f"dashboard: published {html_dir} (branches {', '.join(branches)})")
     return html_dir
@@ -645,7 +658,11 @@ def main(argv: list[str] | None = None) -> int:
         if reason:  # publishing needs the JavaScript copies, not the browser
             print(reason, file=sys.stderr)
             return 2
-        publish_all(args.publish)
+        try:
+            publish_all(args.publish)
+        except RuntimeError as error:  # asv publish failed: its own output says why
+            print(f"{parser.prog}: {error}", file=sys.stderr)
+            return 1
         return 0
     if args.missing_packages:
         print(" ".join(missing_packages()))
