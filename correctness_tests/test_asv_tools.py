@@ -44,12 +44,45 @@ def test_clear_speedup_is_faster():
 
 
 def test_small_change_counts_as_same_even_if_significant():
-    assert asv_tools.verdict(TIME, _timed(1e-3, 1e-7), _timed(1.01e-3, 1e-7, seed=1))[1] == "same"
+    assert asv_tools.verdict(TIME, _timed(1e-3, 1e-7), _timed(1.005e-3, 1e-7, seed=1))[1] == \
+        "same"
 
 
-def test_large_change_within_noise_is_too_noisy():
+def test_a_two_percent_change_is_called_where_the_samples_are_tight():
+    """The clock spreads 0.1-0.5% at real sizes: 2% either way must be called, by the
+    default gap, from ten samples a side."""
+    base = _timed(1e-3, 2e-6, n=10)
+    assert asv_tools.verdict(TIME, base, _timed(1.02e-3, 2e-6, n=10, seed=1))[1] == "slower"
+    assert asv_tools.verdict(TIME, base, _timed(0.98e-3, 2e-6, n=10, seed=1))[1] == "faster"
+
+
+def test_large_change_within_the_samples_spread_is_same_within_noise():
     base, head = _timed(1e-3, 4e-4, n=6), _timed(1.1e-3, 4e-4, n=6, seed=1)
-    assert asv_tools.verdict(TIME, base, head)[1] == "too noisy to tell"
+    assert asv_tools.verdict(TIME, base, head)[1] == "same (within sample noise)"
+
+
+def test_the_gap_widens_with_the_spread_and_says_why():
+    tight = asv_tools.threshold(TIME, _timed(1e-3, 1e-7), _timed(1e-3, 1e-7, seed=1))
+    assert tight.gap == asv_tools.DEFAULT_MIN_GAP and tight.why is None
+    wide = asv_tools.threshold(TIME, _timed(1e-3, 3e-5), _timed(1e-3, 3e-5, seed=1))
+    assert wide.gap > 0.02 and wide.why.startswith("sample spread")
+    floored = asv_tools.threshold(TIME, _timed(1e-3, 1e-7), _timed(1e-3, 1e-7, seed=1),
+                                  floor=0.04)
+    assert floored.gap == 0.04 and floored.why == "learned run-to-run shift 4.0%"
+    # tracked numbers have no samples: the gap is min_gap or the floor
+    assert asv_tools.threshold("benchmarks.S.track_gbps", _tracked(1.0), _tracked(1.0)).gap \
+        == asv_tools.DEFAULT_MIN_GAP
+
+
+def test_resolution_lists_the_rows_that_cannot_call_the_target():
+    rows = [asv_tools.Row(TIME, ("'a'",), 1.0, 1.0, 1.0, "same", gap=0.01),
+            asv_tools.Row(TIME, ("'b'",), 1.0, 1.0, 1.0, "same", gap=0.012),
+            asv_tools.Row(TIME, ("'c'",), 1.0, 1.0, 1.0, "same", gap=0.05,
+                          why="sample spread 2.0%")]
+    text = asv_tools.resolution(rows)
+    assert "median 1.2% over 3 time_ rows" in text
+    assert "1 cannot call 2%" in text and "Softmax.time_device(c): 5.0%, sample spread 2.0%" \
+        in text
 
 
 def test_without_samples_overlapping_intervals_are_too_noisy():
@@ -66,10 +99,10 @@ def test_higher_throughput_is_better_not_worse():
                              _tracked(500.0))[1] == "worse (no samples)"
 
 
-def test_failure_on_head_is_reported_and_exits_2():
+def test_failure_on_head_is_reported_and_fails_the_gate():
     ratio, word = asv_tools.verdict(TIME, _timed(1e-3, 1e-6), asv_tools.Result(None, None, None))
     assert word == "FAILED on head"
-    assert asv_tools.exit_status([asv_tools.Row(TIME, (), 1e-3, None, None, word)]) == 2
+    assert asv_tools.exit_status([asv_tools.Row(TIME, (), 1e-3, None, None, word)]) == 1
 
 
 def test_render_shows_units_and_verdicts():
@@ -184,39 +217,79 @@ def test_importing_the_benchmarks_starts_no_backend():
     assert result.stdout.split("\n")[-2] == "[] False", result.stdout
 
 
-def test_a_benchmark_prepares_its_timing_once_however_often_asv_reruns_setup(monkeypatch):
-    """asv calls setup() before every sample: inputs, compilation and warm-up must not be
-    redone each time (at real sizes that is seconds per sample, and asv's 20 s cap then
-    leaves ten samples)."""
+def test_a_benchmark_replays_the_samples_its_operation_was_measured_with(monkeypatch, tmp_path):
+    """asv calls setup() before every sample: each benchmark process replays the journal's
+    record of its parameter set, asv takes exactly that many samples, and nothing is
+    measured again (no worker is started while the journal holds every parameter set)."""
+    import subprocess
+
     import perf_tests.benchmarks as benchmarks
-    from kernels.core import timing
+    from perf_tests import measuring
 
-    prepared = []
-    real_prepare = timing.prepare
+    monkeypatch.setenv("ASV_ENV_DIR", str(tmp_path))
+    benchmarks._records.cache_clear()
+    journal = benchmarks._cache_dir() / "softmax.jsonl"
+    keys = benchmarks._keys(benchmarks.Softmax)
+    samples = [1e-3 + 1e-6 * i for i in range(12)]
+    for key in keys:
+        measuring.append(journal, {"event": "done", "key": measuring.key_id(key),
+                                   "samples": samples, "peak_bytes": 4096.0, "method": "cupti"})
 
-    def counting_prepare(*args, **kwargs):
-        prepared.append(args)
-        return real_prepare(*args, **kwargs)
+    def no_worker(*args, **kwargs):
+        raise AssertionError("a worker was started for a journalled operation")
 
-    monkeypatch.setattr(timing, "prepare", counting_prepare)
-    benchmarks._sampler.cache_clear()
+    monkeypatch.setattr(subprocess, "Popen", no_worker)
+    key = next(k for k in keys if k[1] == "xla")
     bench = benchmarks.Softmax()
-    before = benchmarks.DEVICE_CLOCK.now
-    for _ in range(3):
-        bench.setup("xla", "f32-64x1000", "fwd")
+    seen = []
+    for _ in range(len(samples)):
+        bench.setup(*key[1:])
+        before = benchmarks.DEVICE_CLOCK.now
         bench.time_device()
-    assert len(prepared) == 1
-    assert benchmarks.DEVICE_CLOCK.now > before
-    benchmarks._sampler.cache_clear()
+        seen.append(benchmarks.DEVICE_CLOCK.now - before)
+    assert bench.repeat[:2] == (len(samples), len(samples))
+    assert seen == pytest.approx(samples, rel=1e-9)
+    assert bench.track_peak_memory() == 4096.0
+    benchmarks._records.cache_clear()
+    benchmarks._REPLAY.clear()
 
 
-def test_asv_benchmark_dir_holds_only_the_benchmarks():
+def test_a_skipped_parameter_set_skips_and_a_failed_one_fails(monkeypatch, tmp_path):
+    import perf_tests.benchmarks as benchmarks
+    from perf_tests import measuring
+
+    monkeypatch.setenv("ASV_ENV_DIR", str(tmp_path))
+    benchmarks._records.cache_clear()
+    journal = benchmarks._cache_dir() / "softmax.jsonl"
+    first, second, *rest = benchmarks._keys(benchmarks.Softmax)
+    measuring.append(journal, {"event": "failed", "key": measuring.key_id(first),
+                               "reason": "timed out: no result after 121 s (limit 120 s)"})
+    for key in (second, *rest):
+        measuring.append(journal, {"event": "skipped", "key": measuring.key_id(key),
+                                   "reason": "needs a CUDA GPU"})
+    with pytest.raises(RuntimeError, match="timed out: no result after 121 s"):
+        benchmarks.Softmax().setup(*first[1:])
+    with pytest.raises(NotImplementedError, match="needs a CUDA GPU"):
+        benchmarks.Softmax().setup(*second[1:])
+    benchmarks._records.cache_clear()
+
+
+def test_asv_benchmark_dir_holds_only_the_benchmarks_and_their_measuring():
     """asv imports every module of its benchmark directory, in name order, in each benchmark
     process: a helper there that puts the checkout on sys.path and imports `kernels` made
-    every commit run the working tree's code (a planted slowdown measured 1.000 on the H100)."""
+    every commit run the working tree's code (a planted slowdown measured 1.000 on the H100).
+    measuring.py may sit there because importing it does neither."""
+    import subprocess
+    import sys
+
     bench_dir = pathlib.Path(__file__).parents[1] / "perf_tests"
     modules = sorted(p.name for p in bench_dir.glob("*.py"))
-    assert modules == ["__init__.py", "benchmarks.py"], modules
+    assert modules == ["__init__.py", "benchmarks.py", "measuring.py"], modules
+    probe = ("import sys; before = list(sys.path); import perf_tests.measuring; "
+             "print(sys.path == before, 'kernels' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            cwd=bench_dir.parent, timeout=120)
+    assert result.stdout.split() == ["True", "False"], result.stdout + result.stderr
 
 
 def test_floors_come_only_from_runs_of_that_benchmark(tmp_path, monkeypatch):
@@ -256,6 +329,23 @@ def test_compare_of_a_commit_with_itself_says_so(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "main and HEAD are the same commit (cccccccc): nothing to compare" in out
     assert "1.000" not in out and "Softmax.time_device" in out
+
+
+def test_throughputs_are_as_noisy_as_the_device_time_they_come_from():
+    """TFLOP/s, GB/s, roofline and speedup are the time row's median inverted: a change that
+    is noise in time_device is noise in them too; the host launch cost is never gated."""
+    params = ("'xla'",)
+    base = {(TIME, params): _timed(1e-3, 3e-4, n=7),
+            ("benchmarks.Softmax.track_gbps", params): _tracked(100.0),
+            ("benchmarks.Softmax.track_launch", params): _tracked(10.0)}
+    head = {(TIME, params): _timed(1e-3, 3e-4, n=7, seed=1),
+            ("benchmarks.Softmax.track_gbps", params): _tracked(80.0),
+            ("benchmarks.Softmax.track_launch", params): _tracked(12.0)}
+    rows = {row.benchmark.rsplit(".", 1)[-1]: row for row in asv_tools.compare(base, head)}
+    assert rows["track_gbps"].gap == rows["time_device"].gap > 0.25
+    assert rows["track_gbps"].verdict == "same (within sample noise)"
+    assert rows["track_launch"].verdict == "same (within host noise)"
+    assert asv_tools.exit_status(list(rows.values())) == 0
 
 
 def test_noise_floor_runs_only_the_timed_benchmarks():

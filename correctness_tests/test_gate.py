@@ -63,38 +63,50 @@ def test_plants_land_in_the_kernels_own_module():
     assert str(gate.module_path("softmax", "pallas")) == "kernels/ops/softmax/pallas.py"
 
 
-def test_the_detectable_shift_grows_with_the_noise():
-    rng = np.random.default_rng(0)
-    quiet = list(1e-3 * (1 + 0.001 * rng.standard_normal(100)))
-    noisy = list(1e-3 * (1 + 0.03 * rng.standard_normal(100)))
-    quiet_shift, quiet_gate = gate.detectable_shift(quiet, 1.05)
-    noisy_shift, noisy_gate = gate.detectable_shift(noisy, 1.05)
-    assert 0 < quiet_shift < 0.005 < noisy_shift < 0.05
-    assert quiet_gate == pytest.approx(0.05) and noisy_gate == pytest.approx(0.05)
-    assert gate.detectable_shift(noisy, 1.001)[1] == noisy_shift
+def _row(ratio, verdict, gap=0.01):
+    return gate.RowVerdict(ratio, gap, None, verdict, verdict == "slower", False)
 
 
-def _outcome(label, asv_worse, plain, ratio, verdict):
-    return gate.Outcome(label, int(asv_worse), 1 if verdict == "slower" else 0,
-                        {"xla": gate.RowVerdict(ratio, asv_worse, plain, verdict)})
+def _outcome(label, rows):
+    return gate.Outcome(label, 1 if any(r.verdict == "slower" for r in rows.values()) else 0,
+                        rows)
+
+
+XLA = ("softmax", "xla")
+CONTROL = ("softmax", "torch")  # unplanted beside the plant: an A/A row in every trial
 
 
 def test_report_fails_on_a_missed_plant_a_false_positive_or_a_speedup_read_as_slower():
-    settings = gate.Settings(families=("xla",), factor=1.05)
-    good = [("A/A", 0.0, _outcome("A/A 1", False, False, 1.001, "same")),
-            ("plant", 0.05, _outcome("+5% trial 1", True, False, 1.06, "slower")),
-            ("plant", 0.10, _outcome("+10% trial 1", True, True, 1.11, "slower")),
-            ("speed-up", 0.05, _outcome("-5%", False, False, 0.94, "faster"))]
+    settings = gate.Settings(families=("xla",), ops=("softmax",))
+    plants = tuple(p for p in gate.PLANTS if (p.op, p.impl) == XLA)
+    good = [("A/A", 0.0, _outcome("A/A 1", {XLA: _row(1.001, "same"),
+                                            CONTROL: _row(0.999, "same")})),
+            ("plant", 0.02, _outcome("+2% trial 1", {XLA: _row(1.021, "slower"),
+                                                     CONTROL: _row(1.004, "same")})),
+            ("speed-up", 0.02, _outcome("-2%", {XLA: _row(0.98, "faster")}))]
     lines = []
-    assert gate.report(good, settings, ["xla"], {}, lines.append) == 0
-    assert "0 false positive(s)" in "\n".join(lines)
-    for index, bad in ((0, _outcome("A/A 1", True, False, 1.06, "slower")),
-                       (1, _outcome("+5% trial 1", False, False, 1.04, "same")),
-                       (2, _outcome("+10% trial 1", True, False, 1.11, "slower")),
-                       (3, _outcome("-5%", True, True, 0.94, "faster"))):
+    assert gate.report(good, settings, plants, lines.append) == 0
+    assert "0 false positive(s) in 3 benchmark rows" in "\n".join(lines)
+    for index, key, bad in ((0, XLA, _row(1.03, "slower")),
+                            (1, XLA, _row(1.015, "same (not confirmed)")),
+                            (1, CONTROL, _row(1.03, "slower")),  # a control flagged
+                            (2, XLA, _row(1.02, "slower"))):
         outcomes = list(good)
-        outcomes[index] = (good[index][0], good[index][1], bad)
-        assert gate.report(outcomes, settings, ["xla"], {}, lines.append) == 1, bad
+        kind, size, outcome = good[index]
+        outcomes[index] = (kind, size, _outcome(outcome.label, {**outcome.rows, key: bad}))
+        assert gate.report(outcomes, settings, plants, lines.append) == 1, (index, key, bad)
+
+
+def test_plants_cover_every_family_in_two_operations_or_more():
+    by_family = {}
+    for plant in gate.PLANTS:
+        by_family.setdefault(plant.family, set()).add(plant.op)
+        registry.implementation(plant.op, plant.impl)  # each names a real implementation
+        for platform in ("gpu", "cpu"):
+            assert "bench" in registry.operation(plant.op).case(plant.case[platform]).tags
+    assert set(by_family) == set(gate.FAMILIES)
+    assert all(len(ops) >= 2 for ops in by_family.values()), by_family
+    assert len({plant.op for plant in gate.PLANTS}) >= 3
 
 
 def test_asv_marks_a_row_worse_by_its_own_test():
@@ -118,6 +130,10 @@ def test_asv_marks_a_row_worse_by_its_own_test():
 def test_bad_settings_are_refused_before_any_clone():
     with pytest.raises(ValueError, match=r"families: expected some of"):
         gate.Settings(families=("fortran",))
+    with pytest.raises(ValueError, match=r"ops: expected some of"):
+        gate.Settings(ops=("fft",))
+    with pytest.raises(ValueError, match=r"no plant in families"):
+        gate.Settings(families=("pallas",), ops=("row_sum",))
     with pytest.raises(ValueError, match=r"sizes: expected fractions in \(0, 1\)"):
         gate.Settings(sizes=(5.0,))
     with pytest.raises(ValueError, match=r"factor: expected a finite number > 1"):

@@ -10,6 +10,12 @@ operation's "bench" cases for this platform. Per benchmark:
                     see kernels.core.timing); asv's timer is a clock advanced only
                     by those samples, so asv's own statistics (Mann-Whitney,
                     confidence intervals) apply to device time.
+
+How: the first benchmark process of an operation measures every parameter set of
+it in one worker process (perf_tests/measuring.py: backends started once, each
+case's inputs made once, samples until the median is pinned, faults contained
+per parameter set), journalled; each benchmark process replays its record, so
+asv takes exactly the samples the worker took.
   track_peak_memory peak device bytes of the compiled program (XLA's memory
                     analysis: arguments + outputs + temporaries - aliased;
                     kernels.guards.memory), JAX implementations only: a change that
@@ -39,9 +45,9 @@ knows which direction is good for each unit. Combinations that cannot run here
 from __future__ import annotations
 
 import functools
-import json
 import os
 import pathlib
+import statistics
 import tempfile
 
 # The flat module names (kernels.registry, ...) on purpose: asv runs this file against the
@@ -55,21 +61,19 @@ from kernels import compilation_cache  # noqa: E402
 
 compilation_cache.enable()  # $KERNELPERF_COMPILATION_CACHE=off disables it
 
-from kernels import asv_tools, devices, fingerprint, memory, registry, timing  # noqa: E402
-from kernels.roofline import ceilings, model  # noqa: E402
+from kernels import asv_tools, devices, registry, timing  # noqa: E402
 
-# Device-time samples per asv round: at least, at most, and the wall-time cap (s).
-REPEAT = (10, 100, 20.0)
+from . import measuring  # noqa: E402
+
 # Without a GPU the default set is one operation, forward, the implementations that run here
-# outside Triton's interpreter: each (method, parameters) is a process of its own that starts
-# JAX and compiles, Pallas and Triton run interpreted, and the whole CPU set (44 parameter sets
-# x 6 methods) ran past 10 minutes on 2 cores. KERNELPERF_BENCH_FULL=1 runs the whole set; a
-# GPU always does.
+# outside Triton's interpreter: Pallas and Triton run interpreted there, and the whole CPU set
+# (44 parameter sets x 6 methods) ran past 10 minutes on 2 cores. KERNELPERF_BENCH_FULL=1 runs
+# the whole set; a GPU always does.
 CPU_QUICK_OPS = ("softmax",)
 CPU_QUICK_DIRECTIONS = ("fwd",)
-# ... and fewer device-time samples: asv prints nothing while a method runs over its
-# parameters, so each must take seconds, not REPEAT's 20 s.
-CPU_QUICK_REPEAT = (5, 50, 2.0)
+# asv stops sampling at this many seconds; the samples replayed take none (asv's timer is
+# DEVICE_CLOCK), so it never cuts a replay short.
+NO_TIME_CAP_S = 1e9
 
 
 # asv's `timer`: advanced only by measured device time.
@@ -115,31 +119,6 @@ def bench_cases(op: registry.Operation) -> list[registry.Case]:
             if _wanted(c.id, "KERNELPERF_BENCH_CASES")]
 
 
-@functools.cache
-def _sampler(impl: registry.Implementation, case: registry.Case, direction: str):
-    """The warmed-up device-time sampler of one benchmark, made once per process: asv runs
-    setup() again before every sample, and inputs, compilation and warm-up (seconds at real
-    sizes) must not be paid per sample."""
-    timeable = timing.prepare(impl, case, direction=direction)
-    sampler, _ = timing.make_sampler(timeable, "cold", fingerprint.fingerprint())
-    sampler.take(timing.WARMUP_CALLS)
-    return sampler
-
-
-def _resolve(op_name: str, impl_name: str, case_id: str, direction: str):
-    """(impl, case) for a benchmark's parameters; NotImplementedError (asv: skipped) if it
-    cannot run here."""
-    op = registry.operation(op_name)
-    impl = registry.implementation(op_name, impl_name)
-    case = op.case(case_id)
-    reason = devices.case_unavailable_reason(impl, case)
-    if reason is None and not registry.has_direction(impl, direction):
-        reason = "no backward"
-    if reason:
-        raise NotImplementedError(reason)
-    return impl, case
-
-
 def _cache_dir() -> pathlib.Path:
     """Where this asv run keeps its measurements: per environment, commit and run.
 
@@ -153,17 +132,48 @@ def _cache_dir() -> pathlib.Path:
     return path
 
 
-def measurement(impl: registry.Implementation, case: registry.Case,
-                direction: str) -> timing.Measurement:
-    """One `timing.measure` per (implementation, case, direction) per asv run."""
-    path = _cache_dir() / f"{impl.id}-{case.id}-{direction}.json"
-    if path.exists():
-        return timing.Measurement.from_dict(json.loads(path.read_text()))
-    result = timing.measure(impl, case, direction=direction)
-    partial = path.with_suffix(f".{os.getpid()}.tmp")
-    partial.write_text(json.dumps(result.to_dict()))
-    os.replace(partial, path)
-    return result
+def _keys(cls) -> list[measuring.Key]:
+    """The parameter sets of a benchmark class, cases grouped (each case's inputs are made
+    once); the worker skips those this machine cannot run."""
+    impls, cases, directions = cls.params
+    return [(cls.op_name, impl, case, d) for case in cases for impl in impls
+            for d in directions]
+
+
+# Set by kernels.bench.recover, which replays the journals of an interrupted run: records
+# are then only read from that folder, never measured.
+JOURNAL_VARIABLE = "KERNELPERF_JOURNAL_DIR"
+
+
+@functools.cache
+def _records(cls) -> dict:
+    """Every runnable parameter set's record for this run, measured by the first benchmark
+    process of the class that asks (the others find them in the journal)."""
+    replayed = os.environ.get(JOURNAL_VARIABLE)
+    if replayed:
+        return measuring.final_records(measuring.read_journal(
+            pathlib.Path(replayed) / f"{cls.op_name}.jsonl"))
+    return measuring.ensure_measured(_keys(cls), _cache_dir() / f"{cls.op_name}.jsonl",
+                                     dashboard=recording_dashboard_metrics())
+
+
+def record(cls, impl_name: str, case_id: str, direction: str) -> dict:
+    """This parameter set's record; NotImplementedError (asv: skipped) if it cannot run here,
+    RuntimeError (asv: failed) if measuring it failed."""
+    found = _records(cls).get((cls.op_name, impl_name, case_id, direction))
+    if found is None:
+        raise RuntimeError(f"{cls.op_name}-{impl_name} {case_id} {direction}: not measured")
+    if found["event"] == "skipped":
+        raise NotImplementedError(found["reason"])
+    if found["event"] == "failed":
+        raise RuntimeError(f"{cls.op_name}-{impl_name} {case_id} {direction}: "
+                           f"{found['reason']}")
+    return found
+
+
+# Per benchmark process, the samples of its parameter set still to hand to asv: asv runs
+# setup() again before every sample, so the position cannot live on the instance.
+_REPLAY: dict[tuple, list[float]] = {}
 
 
 def _skip(reason: str) -> None:
@@ -176,11 +186,8 @@ def _skip(reason: str) -> None:
     raise SkipNotImplemented(reason)
 
 
-def _placement(impl, case, direction, seconds) -> model.Placement:
-    sheet, measured = ceilings.for_device(fingerprint.fingerprint())
-    chosen = measured or sheet
-    return model.place(registry.operation(impl.op).work(case, direction), seconds, chosen,
-                       case.dtype, devices=impl.devices_for(case))
+def _median(samples) -> float:
+    return statistics.median(samples)
 
 
 class _OperationBenchmarks:
@@ -190,51 +197,61 @@ class _OperationBenchmarks:
     param_names = ["implementation", "case", "direction"]
     timer = staticmethod(DEVICE_CLOCK.read)
     number = 1  # one device-time sample per asv sample
-    repeat = REPEAT
-    warmup_time = 0.0  # warm-up happens in setup, through the measurement core
+    repeat = (measuring.GPU_SAMPLING.min_samples, measuring.GPU_SAMPLING.max_samples,
+              NO_TIME_CAP_S)  # setup() sets exactly the recorded count
+    warmup_time = 0.0  # warm-up happens in the worker, through the measurement core
     rounds = 1
-    timeout = 1800
+    # The first process of an operation measures all of it; a hung kernel is stopped by the
+    # worker's own limit per parameter set (measuring.item_limit), not by this.
+    timeout = 3600
 
     def setup(self, impl_name: str, case_id: str, direction: str) -> None:
-        self.impl, self.case = _resolve(self.op_name, impl_name, case_id, direction)
+        # Registry lookups only: a benchmark process starts no JAX backend and no CUDA context
+        # (a second each, a thousand times over); the worker decided what runs here.
+        self.impl = registry.implementation(self.op_name, impl_name)
+        self.case = registry.operation(self.op_name).case(case_id)
         self.direction = direction
+        self.record = record(type(self), impl_name, case_id, direction)
+        key = (impl_name, case_id, direction)
+        _REPLAY.setdefault(key, list(reversed(self.record["samples"])))
+        count = len(self.record["samples"])
+        self.repeat = (count, count, NO_TIME_CAP_S)
+        self._replay = _REPLAY[key]
 
     def time_device(self, *params) -> None:
-        DEVICE_CLOCK.advance(_sampler(self.impl, self.case, self.direction).take(1)[0])
+        DEVICE_CLOCK.advance(self._replay.pop())
 
     def track_peak_memory(self, *params) -> float:
         """Bytes of the compiled program; NaN for torch (no XLA memory analysis)."""
-        if self.impl.framework != "jax":
-            return float("nan")
-        use = memory.measure(self.impl, self.case, self.direction, live=False)
-        return float(use.compiled_peak_bytes)
+        peak = self.record.get("peak_bytes")
+        return float("nan") if peak is None else float(peak)
 
     track_peak_memory.unit = "bytes"
 
 
 class _DashboardMetrics:
     """The dashboard's metrics, defined only when this run records them
-    (asv_tools.DASHBOARD_VARIABLE):
-    asv spawns a process for every benchmark and parameter, so metrics it would only skip
-    would still cost a process each, and asv's verdict would misread the throughputs."""
+    (asv_tools.DASHBOARD_VARIABLE): asv's verdict would misread the throughputs, and
+    every metric asv would only skip still costs a process per parameter set."""
 
-    def _measured(self) -> timing.Measurement:
-        return measurement(self.impl, self.case, self.direction)
+    def _seconds(self) -> float:
+        return _median(self.record["samples"])
 
     def track_tflops(self, *params) -> float:
         work = registry.operation(self.op_name).work(self.case, self.direction)
-        return work.flops / self._measured().median_s / 1e12
+        return work.flops / self._seconds() / 1e12
 
     track_tflops.unit = "TFLOP/s"
 
     def track_gbps(self, *params) -> float:
         work = registry.operation(self.op_name).work(self.case, self.direction)
-        return work.bytes / self._measured().median_s / 1e9
+        return work.bytes / self._seconds() / 1e9
 
     track_gbps.unit = "GB/s"
 
     def track_roofline(self, *params) -> float:
-        return _placement(self.impl, self.case, self.direction, self._measured().median_s).fraction
+        fraction = self.record.get("roofline")
+        return float("nan") if fraction is None else fraction
 
     track_roofline.unit = "fraction of roofline"
 
@@ -242,32 +259,31 @@ class _DashboardMetrics:
         """Best baseline's median time over ours, same case and direction (NaN for baselines)."""
         if self.impl.baseline:
             return float("nan")
-        ours = self._measured()
+        ours = self.record
         peers = {}
         for peer in registry.implementations(self.op_name):
             if not peer.baseline:
                 continue
-            try:
-                _resolve(self.op_name, peer.name, self.case.id, self.direction)
-            except NotImplementedError:
-                continue
-            peers[peer.name] = measurement(peer, self.case, self.direction)
+            found = _records(type(self)).get((self.op_name, peer.name, self.case.id,
+                                              self.direction))
+            if found is not None and found["event"] == "done":
+                peers[peer.name] = found
         if not peers:
             return float("nan")
-        fastest = timing.speedup(ours, peers)
-        if fastest.other_clock:  # a history point over some baselines only would drift
-            _skip(f"no speedup: {timing.comparable(ours, *peers.values())}")
-        return fastest.value
+        other = sorted(name for name, found in peers.items()
+                       if found["method"] != ours["method"])
+        if other:  # a history point over some baselines only would drift
+            _skip(f"no speedup: {', '.join(other)} timed by another clock than "
+                  f"{ours['method']}")
+        return min(_median(found["samples"]) for found in peers.values()) / self._seconds()
 
     track_speedup.unit = "x best baseline"
 
     def track_launch(self, *params) -> float:
         """Host launch cost per call (pipelined calls, not waited for), microseconds."""
-        timeable = timing.prepare(self.impl, self.case, direction=self.direction)
-        return timing.launch_overhead(timeable).median_s * 1e6
+        return self.record["launch_us"]
 
     track_launch.unit = "us per call (host)"
-
 
 
 def recording_dashboard_metrics() -> bool:
@@ -301,7 +317,6 @@ def _suite(op: registry.Operation) -> type | None:
         "params": [[i.name for i in impls], [c.id for c in cases], directions],
         "__doc__": f"{op.description}: implementations x bench cases x directions.",
         "version": BENCHMARK_VERSION,
-        **({"repeat": CPU_QUICK_REPEAT} if quick else {}),
     })
 
 

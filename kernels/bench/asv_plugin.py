@@ -22,14 +22,18 @@ a fresh machine needs no `asv machine` questions, and results land in
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 from asv.console import log
 from asv.machine import Machine
 from asv.plugins.virtualenv import Virtualenv
+
+from kernels.bench import breakdown
 
 PTH_NAME = "kernelperf-host-packages.pth"
 
@@ -61,9 +65,18 @@ def _command_and_machine(argv: list[str]) -> tuple[str | None, bool]:
     return command, given
 
 
+def _print_breakdown(since: float) -> None:
+    text = breakdown.report(since, time.time() - since)
+    if text:
+        print(text, flush=True)
+
+
 def setup() -> None:
-    """asv's plugin hook: name the machine by its device model unless asv was told one."""
+    """asv's plugin hook: name the machine by its device model unless asv was told one; for
+    `asv run` and `asv continuous`, print where the time went when asv exits."""
     command, given = _command_and_machine(sys.argv)
+    if command in ("run", "continuous") and not os.environ.get(breakdown.QUIET_VARIABLE):
+        atexit.register(_print_breakdown, time.time())
     if given or command is None:
         return
     from kernels.bench import asv_tools

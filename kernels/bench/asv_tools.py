@@ -7,18 +7,25 @@ revision. `run()` compares two commits' results with a verdict per row.
 asv 0.6 treats a larger number as worse for every benchmark, so a drop in
 TFLOP/s would read as an improvement, and `asv compare` always exits 0. Here:
 
-  time_device   lower is better; asv's own test (`asv._stats.is_different`:
-                Mann-Whitney U at p < 0.002, or 99% confidence intervals)
-                decides whether the samples differ at all, and a change must
-                also exceed `min_gap` (relative) to count: "faster" / "slower",
-                "same", or "too noisy to tell" (a large change the samples
-                cannot confirm).
+  time_device   lower is better. Each row has its own gap, which a change must
+                exceed to count (`threshold`): `min_gap` (1%) where the clock
+                resolves it, wider where the samples' spread (4 standard errors
+                of the ratio of medians) or the benchmark's learned run-to-run
+                shift (its noise floor) is wider, and the table says which.
+                asv's own test (`asv._stats.is_different`: Mann-Whitney U at
+                p < 0.002, or 99% confidence intervals) must also tell the
+                samples apart: "faster" / "slower", "same", "same (within
+                sample noise)" / "same (within noise floor)", or "too noisy to
+                tell" (a large change the samples cannot confirm). `python -m
+                kernels bench` then confirms each "slower" row by measuring base
+                and head again, interleaved (kernels.bench.confirm).
   track_*       no samples (asv keeps none for track_): higher is better for
                 TFLOP/s, GB/s, roofline fraction and speedup, lower for memory;
-                judged by ratio against `min_gap` alone, and labelled so.
+                judged by ratio against `min_gap` and the floor alone, and
+                labelled so.
 
-Exit status of `run()`: 1 if any time_device row is slower, 2 if a benchmark
-that ran on the base failed on the head, else 0.
+Exit status of `run()`: 1 if any time_device row is slower or a benchmark that ran
+on the base failed on the head, else 0.
 """
 
 from __future__ import annotations
@@ -37,7 +44,18 @@ LOWER_IS_BETTER = {"time_device": True, "track_tflops": False, "track_gbps": Fal
 UNITS = {"time_device": "s", "track_tflops": "TFLOP/s", "track_gbps": "GB/s",
          "track_roofline": "of roof", "track_speedup": "x", "track_peak_memory": "B",
          "track_launch": "us (host)"}
-DEFAULT_MIN_GAP = 0.05
+# The smallest change the gate calls where the clock resolves it: the device clock's samples
+# spread 0.1-0.5% at these sizes, and a regression of 2% must be caught.
+DEFAULT_MIN_GAP = 0.01
+# A change must exceed this many standard errors of log(head / base), from the samples' robust
+# spread on each side (kernels.core.timing.robust_cv).
+NOISE_SIGMAS = 4.0
+# The smallest change the gate is asked to see; rows that cannot resolve it are listed.
+TARGET_CHANGE = 0.02
+# Numbers computed from time_device's median (so as noisy as it, whatever their direction).
+FROM_DEVICE_TIME = ("track_tflops", "track_gbps", "track_roofline", "track_speedup")
+# The host's launch cost per call moves with the machine's load; it is recorded, never gated.
+HOST_GAP = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +76,62 @@ class Row:
     head: float | None
     ratio: float | None
     verdict: str
+    gap: float | None = None  # the change this row had to exceed (`threshold`)
+    why: str | None = None  # what set the gap above min_gap
+    confirmed: str | None = None  # the interleaved re-measurement's ratios, where one ran
+
+
+@dataclasses.dataclass(frozen=True)
+class Threshold:
+    """The relative change one row must exceed, and what set it when more than min_gap."""
+
+    gap: float
+    why: str | None = None
+
+
+def _standard_error(result: Result | None) -> float | None:
+    """Standard error of the log of the median of `result`'s samples (None without samples)."""
+    from kernels.core import timing
+
+    samples = result.samples if result is not None else None
+    if not samples or len(samples) < 2:
+        return None
+    cv = timing.robust_cv(samples)
+    return timing.MEDIAN_SE_FACTOR * cv / math.sqrt(len(samples)) if math.isfinite(cv) \
+        else None
+
+
+def threshold(benchmark: str, base: Result | None, head: Result | None,
+              min_gap: float = DEFAULT_MIN_GAP, floor: float = 0.0) -> Threshold:
+    """The change a row must exceed: min_gap, or wider where its samples' spread
+    (NOISE_SIGMAS standard errors of the ratio of medians) or its learned noise floor is."""
+    noise = 0.0
+    if _method(benchmark).startswith("time_"):
+        errors = [_standard_error(base), _standard_error(head)]
+        if all(e is not None for e in errors):
+            noise = math.expm1(NOISE_SIGMAS * math.hypot(*errors))
+    gap = max(min_gap, noise, floor)
+    if gap <= min_gap:
+        return Threshold(gap)
+    if floor >= noise:
+        return Threshold(gap, f"learned run-to-run shift {floor:.1%}")
+    spread = max(_spread(base), _spread(head))
+    return Threshold(gap, f"sample spread {spread:.1%}" + (
+        f", {_short(base, head)}" if _short(base, head) else ""))
+
+
+def _spread(result: Result | None) -> float:
+    from kernels.core import timing
+
+    return timing.robust_cv(result.samples) if result and result.samples else 0.0
+
+
+def _short(base: Result | None, head: Result | None) -> str:
+    """A hint where the samples are few or the kernel so short that launch jitter rules."""
+    values = [r.value for r in (base, head) if r is not None and r.value]
+    if values and min(values) < 20e-6:
+        return f"a {min(values) * 1e6:.1f} us kernel (launch-bound)"
+    return ""
 
 
 def machine_name() -> str:
@@ -115,12 +189,19 @@ def register_machine(name: str | None = None) -> str:
     return name
 
 
+# asv run's exit status when it ran every benchmark and some failed (their results are kept,
+# as failed: the compare says "FAILED on head").
+ASV_SOME_FAILED = 2
+
+
 def _asv(*args: str) -> None:
     import sys
 
     command = [sys.executable, "-m", "asv", *args]
     print("+ " + " ".join(command), flush=True)
-    subprocess.run(command, check=True)
+    done = subprocess.run(command)
+    if done.returncode not in (0, ASV_SOME_FAILED):
+        raise subprocess.CalledProcessError(done.returncode, command)
 
 
 DASHBOARD_VARIABLE = "KERNELPERF_DASHBOARD_METRICS"  # perf_tests/benchmarks.py reads it
@@ -131,8 +212,11 @@ def bench(revisions: list[str], *, bench_regex: str | None = None) -> str:
     returns the machine name."""
     import os
 
+    from kernels.bench import breakdown
+
     name = register_machine()
     os.environ[DASHBOARD_VARIABLE] = "1"  # asv passes the environment to the benchmarks
+    os.environ[breakdown.QUIET_VARIABLE] = "1"  # the caller prints one over all runs
     for revision in revisions:
         # --record-samples (asv continuous's default, not asv run's) keeps the samples that
         # asv's Mann-Whitney test needs; without them only the 99% intervals are compared.
@@ -140,7 +224,14 @@ def bench(revisions: list[str], *, bench_regex: str | None = None) -> str:
                 f"{full_hash(revision)}^!"]
         if bench_regex:
             args += ["--bench", bench_regex]
-        _asv(*args)
+        try:
+            _asv(*args)
+        except (KeyboardInterrupt, subprocess.CalledProcessError):
+            # asv writes a commit's results only at its end: keep what the journals hold.
+            from kernels.bench import recover
+
+            recover.recover_all(machine=name)
+            raise
         # asv's list now names the dashboard metrics; a later plain `asv run` rewrites it
         # without them, so the dashboard keeps this one (kernels.bench.dashboard.KEPT_LIST).
         from kernels.bench import dashboard
@@ -181,9 +272,11 @@ def _method(benchmark: str) -> str:
 
 
 def verdict(benchmark: str, base: Result | None, head: Result | None,
-            min_gap: float = DEFAULT_MIN_GAP, floor: float = 0.0) -> tuple[float | None, str]:
-    """(head / base, verdict) for one row. A change counts only beyond `min_gap` and beyond
-    `floor`, the largest shift this benchmark showed between runs of one commit."""
+            min_gap: float = DEFAULT_MIN_GAP, floor: float = 0.0,
+            gap: Threshold | None = None) -> tuple[float | None, str]:
+    """(head / base, verdict) for one row. A change counts only beyond the row's threshold:
+    `min_gap`, the samples' spread and `floor`, the largest shift this benchmark showed
+    between runs of one commit (`threshold`, unless given as `gap`)."""
     from asv import _stats
 
     if base is None or base.value is None:
@@ -191,10 +284,17 @@ def verdict(benchmark: str, base: Result | None, head: Result | None,
     if head is None or head.value is None:
         return None, "FAILED on head"
     ratio = head.value / base.value if base.value else math.inf
-    gap = max(min_gap, floor)
-    changed = ratio > 1 + gap or ratio < 1 / (1 + gap)
-    if not changed and floor > min_gap and (ratio > 1 + min_gap or ratio < 1 / (1 + min_gap)):
-        return ratio, "same (within noise floor)"
+    bar = gap or threshold(benchmark, base, head, min_gap, floor)
+
+    def beyond(limit: float) -> bool:
+        return ratio > 1 + limit or ratio < 1 / (1 + limit)
+
+    changed = beyond(bar.gap)
+    if not changed and bar.gap > min_gap and beyond(min_gap):
+        why = bar.why or ""
+        return ratio, ("same (within noise floor)" if "learned" in why else
+                       "same (within host noise)" if why.startswith("host") else
+                       "same (within sample noise)")
     method = _method(benchmark)
     lower_better = LOWER_IS_BETTER.get(method, True)
     if method.startswith("time_"):
@@ -217,15 +317,25 @@ def verdict(benchmark: str, base: Result | None, head: Result | None,
 def compare(base: dict, head: dict, min_gap: float = DEFAULT_MIN_GAP,
             floors: dict[str, float] | None = None) -> list[Row]:
     rows = []
-    for key in sorted(set(base) | set(head)):
-        ratio, word = verdict(key[0], base.get(key), head.get(key), min_gap,
-                              (floors or {}).get(floor_key(key), 0.0))
+    time_bars = {}
+    for key in sorted(set(base) | set(head), key=lambda k: not _method(k[0]).startswith("time_")):
+        b, h = base.get(key), head.get(key)
+        bar = threshold(key[0], b, h, min_gap, (floors or {}).get(floor_key(key), 0.0))
+        method, suite = _method(key[0]), key[0].rsplit(".", 1)[0]
+        if method == "time_device":
+            time_bars[(suite, key[1])] = bar
+        elif method in FROM_DEVICE_TIME and (suite, key[1]) in time_bars:
+            timed = time_bars[(suite, key[1])]
+            if timed.gap > bar.gap:
+                bar = Threshold(timed.gap, f"device time's: {timed.why}")
+        elif method == "track_launch" and HOST_GAP > bar.gap:
+            bar = Threshold(HOST_GAP, "host clock, moves with the machine's load")
+        ratio, word = verdict(key[0], b, h, min_gap, gap=bar)
         if word == "n/a":
             continue
-        b, h = base.get(key), head.get(key)
         rows.append(Row(key[0], key[1], b.value if b else None, h.value if h else None, ratio,
-                        word))
-    return rows
+                        word, gap=bar.gap, why=bar.why))
+    return sorted(rows, key=lambda row: (row.benchmark, row.params))
 
 
 def _format(value: float | None, benchmark: str) -> str:
@@ -244,22 +354,55 @@ def _floor_text(row: Row, floors: dict[str, float]) -> str:
     return "none" if floor is None else f"{floor:.1%}"
 
 
+def _gap_text(row: Row) -> str:
+    if row.gap is None:
+        return "-"
+    return f"{row.gap:.1%}" + (f" ({row.why})" if row.why else "")
+
+
 def render(rows: list[Row], floors: dict[str, float] | None = None) -> str:
-    """The compare table; with `floors`, a column with each time_ row's noise floor ("none"
-    where none was learned)."""
+    """The compare table: each row's gap (what set it, when wider than min_gap), with
+    `floors` a column with each time_ row's noise floor ("none" where none was learned), and
+    the interleaved re-measurement's ratios where one ran."""
     from kernels.core.tables import table
 
+    confirmed = any(row.confirmed for row in rows)
     body = [[row.benchmark.removeprefix("benchmarks."), ", ".join(p.strip("'") for p in row.params),
              _format(row.base, row.benchmark), _format(row.head, row.benchmark),
-             f"{row.ratio:.3f}" if row.ratio is not None else "-",
-             *([_floor_text(row, floors)] if floors else []), row.verdict] for row in rows]
-    return table(body, ["benchmark", "parameters", "base", "head", "head/base",
-                        *(["noise floor"] if floors else []), "verdict"])
+             f"{row.ratio:.3f}" if row.ratio is not None else "-", _gap_text(row),
+             *([_floor_text(row, floors)] if floors else []),
+             *([row.confirmed or "-"] if confirmed else []), row.verdict] for row in rows]
+    return table(body, ["benchmark", "parameters", "base", "head", "head/base", "gap",
+                        *(["noise floor"] if floors else []),
+                        *(["re-measured (head/base per round)"] if confirmed else []),
+                        "verdict"])
+
+
+def resolution(rows: list[Row], target: float = TARGET_CHANGE) -> str:
+    """The smallest change each time_ row can call: the median over rows, and every row that
+    cannot call `target` with what stops it."""
+    timed = [row for row in rows if _method(row.benchmark).startswith("time_")
+             and row.gap is not None]
+    if not timed:
+        return "smallest change callable: no time_ rows with results on both sides"
+    gaps = sorted(row.gap for row in timed)
+    middle = gaps[len(gaps) // 2] if len(gaps) % 2 else (gaps[len(gaps) // 2 - 1]
+                                                          + gaps[len(gaps) // 2]) / 2
+    coarse = [row for row in timed if row.gap > target]
+    lines = [f"smallest change callable: median {middle:.1%} over {len(timed)} time_ rows "
+             f"(range {gaps[0]:.1%}-{gaps[-1]:.1%}); {len(coarse)} cannot call {target:.0%}"
+             + (":" if coarse else "")]
+    lines += [f"  {row.benchmark.removeprefix('benchmarks.')}("
+              f"{', '.join(p.strip(chr(39)) for p in row.params)}): {row.gap:.1%}, {row.why}"
+              for row in coarse]
+    return "\n".join(lines)
 
 
 # The order rows take in the Markdown summary: what a reviewer must look at first.
 VERDICT_ORDER = ("FAILED on head", "slower", "worse (no samples)", "too noisy to tell",
-                 "faster", "better (no samples)", "new", "same (within noise floor)",
+                 "faster", "better (no samples)", "new", "same (not confirmed)",
+                 "same (within noise floor)", "same (within sample noise)",
+                 "same (within host noise)",
                  "same (no samples)", "same")
 
 
@@ -306,18 +449,21 @@ def render_markdown(rows: list[Row], heading: str) -> str:
 
 
 def exit_status(rows: list[Row]) -> int:
-    if any(row.verdict == "FAILED on head" for row in rows):
-        return 2
-    if any(row.verdict == "slower" for row in rows):
+    """1 if any row is slower or failed on the head (a benchmark that ran on the base), else 0:
+    both fail the gate; exit status 2 stays a user's mistake on the command line."""
+    if any(row.verdict in ("FAILED on head", "slower") for row in rows):
         return 1
     return 0
 
 
 def run(base_rev: str, head_rev: str, *, machine: str, results_dir: str = ".asv/results",
-        min_gap: float = DEFAULT_MIN_GAP, summary_md: str | None = None) -> int:
+        min_gap: float = DEFAULT_MIN_GAP, summary_md: str | None = None,
+        confirm_rounds: int = 0, json_path: str | None = None) -> int:
     """Compare two commits' results on `machine` and print the verdict table; its exit status.
-    With `summary_md`, the table is also appended to that file as Markdown (render_markdown;
-    the pull-request workflow passes $GITHUB_STEP_SUMMARY)."""
+    With `confirm_rounds`, every "slower" row is measured again in that many interleaved
+    rounds of base and head before it counts (kernels.bench.confirm). With `summary_md`, the
+    table is also appended to that file as Markdown (render_markdown; the pull-request
+    workflow passes $GITHUB_STEP_SUMMARY)."""
     base_hash, head_hash = full_hash(base_rev), full_hash(head_rev)
     if base_hash == head_hash:
         return _same_commit(base_rev, head_rev, head_hash, machine, results_dir)
@@ -329,20 +475,29 @@ def run(base_rev: str, head_rev: str, *, machine: str, results_dir: str = ".asv/
                          f"{results_dir}; run `make bench-compare BASE={base_rev}` first")
     floors = load_floors(machine, results_dir)
     rows = compare(base, head, min_gap, floors)
+    if confirm_rounds and any(row.verdict == "slower" for row in rows):
+        from kernels.bench import confirm
+
+        rows = confirm.confirm(rows, base_hash, head_hash, rounds=confirm_rounds)
     print(f"machine {machine}: {base_rev} ({base_hash[:8]}) -> {head_rev} ({head_hash[:8]}); "
-          f"changes under {min_gap:.0%} count as same" +
-          (f", and under each benchmark's noise floor ({len(floors)} learned)" if floors else
+          f"changes under each row's gap count as same: {min_gap:.0%}, or wider where its "
+          f"samples spread or its learned run-to-run shift is" +
+          (f" ({len(floors)} noise floors learned)" if floors else
            "; no noise floors learned here (`python -m kernels noise-floor`)"))
     print(render(rows, floors))
+    print(resolution(rows))
+    if json_path:
+        Path(json_path).write_text(json.dumps([dataclasses.asdict(row) for row in rows],
+                                              indent=1))
     words = sorted({row.verdict for row in rows})
     counts = {word: sum(row.verdict == word for row in rows) for word in words}
     print("summary: " + ", ".join(f"{n} {word}" for word, n in counts.items()))
     if summary_md:
         heading = (f"asv on {machine}: {base_rev} ({base_hash[:8]}) -> {head_rev} "
                    f"({head_hash[:8]})")
-        note = (f"Changes under {min_gap:.0%} count as same"
-                + (f", and under each benchmark's noise floor ({len(floors)} learned)."
-                   if floors else "."))
+        note = (f"Changes under each row's gap count as same ({min_gap:.0%}, or wider where "
+                f"its noise is)" + (f"; {len(floors)} noise floors learned." if floors else
+                                    ".") + "\n\n" + resolution(rows).replace("\n", "  \n"))
         with open(summary_md, "a") as out:
             out.write(render_markdown(rows, heading) + "\n" + note + "\n\n")
     return exit_status(rows)

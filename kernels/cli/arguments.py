@@ -6,12 +6,11 @@ from __future__ import annotations
 import argparse
 import subprocess
 
+from kernels.core import validation
 
-class Parser(argparse.ArgumentParser):
-    """argparse, with a usage mistake reported as one line (argparse prints the usage first)."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (--help for usage)\n")
+# argparse that reports a usage mistake in one line (it lives in the core, where the
+# `python -m` tools below the command line parse with it too).
+Parser = validation.ArgumentParser
 
 
 def revision(text: str) -> str:

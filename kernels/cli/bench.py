@@ -5,29 +5,53 @@ slowdowns."""
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable
 
-from kernels.bench import asv_tools, gate
+from kernels.bench import asv_tools, breakdown, confirm, gate
 from kernels.cli.arguments import revision
 from kernels.core import validation
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """asv on HEAD (and the base, if given), then the compare table; its exit status."""
+    """asv on HEAD (and the base, if given), then the compare table (slower rows confirmed
+    by an interleaved re-measurement) and where the time went; its exit status."""
     revisions = [args.base, args.head] if args.base else [args.head]
     if args.base and asv_tools.full_hash(args.base) == asv_tools.full_hash(args.head):
         revisions = [args.head]  # a second asv run of one commit would overwrite the first
+    if args.base and args.reuse_base and len(revisions) == 2 and asv_tools.load(
+            ".asv/results", asv_tools.machine_name(), asv_tools.full_hash(args.base)):
+        print(f"kernels bench: the base {args.base}'s asv results are reused (--reuse-base); "
+              f"a slower row's confirmation still measures it again", flush=True)
+        revisions = [args.head]
+    started = time.time()
     machine = asv_tools.bench(revisions, bench_regex=args.bench)
-    if not args.base:
-        return 0
-    return asv_tools.run(args.base, args.head, machine=machine, min_gap=args.min_gap,
-                         summary_md=args.summary_md)
+    asv_wall = time.time() - started
+    status = 0
+    if args.base:
+        status = asv_tools.run(args.base, args.head, machine=machine, min_gap=args.min_gap,
+                               summary_md=args.summary_md, confirm_rounds=args.confirm_rounds,
+                               json_path=args.json)
+    report = breakdown.report(started, asv_wall)
+    if report:
+        print(f"asv on {len(revisions)} commit(s) took {asv_wall:.0f} s; " + report)
+    print(f"kernels bench: {time.time() - started:.0f} s in all", flush=True)
+    return status
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     machine = args.machine or asv_tools.machine_name()
     return asv_tools.run(args.base, args.head, machine=machine, min_gap=args.min_gap,
-                         summary_md=args.summary_md)
+                         summary_md=args.summary_md, confirm_rounds=args.confirm_rounds,
+                         json_path=args.json)
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    """asv results from the measuring journals of runs that were cut short."""
+    from kernels.bench import recover
+
+    recover.recover_all(machine=args.machine)
+    return 0
 
 
 # Floors are learned for device time only (the track_ rows keep no samples), so noise-floor
@@ -46,48 +70,50 @@ def cmd_noise_floor(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gate_power(args: argparse.Namespace) -> int:
+    try:
+        settings = gate.Settings(families=tuple(args.families), ops=tuple(args.ops),
+                                 sizes=args.sizes, trials=args.trials,
+                                 aa_trials=args.aa_trials, factor=args.factor,
+                                 speedup=not args.no_speedup,
+                                 confirm_rounds=args.confirm_rounds,
+                                 reuse_base=not args.fresh_base)
+    except ValueError as error:
+        raise validation.UserError(str(error)) from None
+    return gate.main_flow(settings, keep=args.keep)
+
+
 def _fractions(text: str) -> tuple[float, ...]:
     try:
         values = tuple(float(v.rstrip("%")) / (100 if v.endswith("%") else 1)
                        for v in text.split(",") if v)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated fractions or percentages (0.05,10%), got {text!r}") \
+            f"expected comma-separated fractions or percentages (0.02,3%), got {text!r}") \
             from None
     return values
 
 
-def cmd_gate_power(args: argparse.Namespace) -> int:
-    families = args.families
-    if families is None:  # the families that run here; cuda needs a GPU
-        families, why = gate.runnable_families(args.case)  # an unknown case: UserError
-        if why:
-            print("gate-power: planting " + " ".join(families) + "; not " +
-                  "; ".join(f"{family} ({reason})" for family, reason in why.items()),
-                  flush=True)
-    try:
-        settings = gate.Settings(families=tuple(families), sizes=args.sizes,
-                                 trials=args.trials, aa_trials=args.aa_trials,
-                                 factor=args.factor, speedup=not args.no_speedup, case=args.case)
-    except ValueError as error:
-        raise validation.UserError(str(error)) from None
-    return gate.main_flow(settings, keep=args.keep)
-
-
 def _add_gate_power(sub) -> None:
-    gate_power = sub.add_parser("gate-power", help="plant slowdowns in a scratch clone and measure "
-                          "what asv continuous and the compare catch")
-    gate_power.add_argument("--families", nargs="+",
-                      help=f"kernel families to plant in (default: those of "
-                           f"{' '.join(gate.FAMILIES)} that run here)")
+    gate_power = sub.add_parser("gate-power", help="plant slowdowns in a scratch clone and "
+                                "measure what kernels bench (and asv's own test) catch")
+    gate_power.add_argument("--families", nargs="+", default=list(gate.FAMILIES),
+                            help=f"kernel families to plant in (default: "
+                            f"{' '.join(gate.FAMILIES)})")
+    gate_power.add_argument("--ops", nargs="+", default=list(gate.OPS),
+                            help=f"operations to plant in (default: {' '.join(gate.OPS)})")
     gate_power.add_argument("--sizes", type=_fractions, default=gate.DEFAULT_SIZES,
-                      help="planted slowdowns, e.g. 5%%,10%% (default)")
+                            help="planted slowdowns, e.g. 2%%,3%% (default)")
     gate_power.add_argument("--trials", type=int, default=3, help="trials per plant size")
-    gate_power.add_argument("--aa-trials", dest="aa_trials", type=int, default=5)
-    gate_power.add_argument("--factor", type=float, default=1.05, help="asv continuous -f")
-    gate_power.add_argument("--case", help=f"softmax case (default: {gate.BENCH_CASE})")
+    gate_power.add_argument("--aa-trials", dest="aa_trials", type=int, default=1)
+    gate_power.add_argument("--factor", type=float, default=1.02,
+                            help="the asv continuous -f whose marks are shown beside")
+    gate_power.add_argument("--confirm-rounds", type=int, default=3,
+                            help="kernels bench's interleaved re-measurements (0: none)")
     gate_power.add_argument("--no-speedup", dest="no_speedup", action="store_true",
-                      help="skip the reverted-plant speed-up trial")
+                            help="skip the reverted-plant speed-up trial")
+    gate_power.add_argument("--fresh-base", dest="fresh_base", action="store_true",
+                            help="run asv on the base in every trial (default: once)")
     gate_power.add_argument("--keep", action="store_true", help="keep the scratch clone")
 
 
@@ -101,12 +127,25 @@ def add_commands(sub) -> dict[str, Callable[[argparse.Namespace], int]]:
                                     help="revision to compare against (e.g. main)")
             sub_parser.add_argument("--head", type=revision, default="HEAD")
             sub_parser.add_argument("--bench", help="asv benchmark regex (e.g. Softmax)")
+            sub_parser.add_argument("--reuse-base", action="store_true",
+                                    help="keep the base's asv results where this machine has "
+                                    "them (gate-power's trials share one base run)")
         else:
             sub_parser.add_argument("base", type=revision)
             sub_parser.add_argument("head", type=revision, nargs="?", default="HEAD")
             sub_parser.add_argument("--machine", help="asv machine (default: this device model)")
-        sub_parser.add_argument("--min-gap", type=validation.nonnegative_float, default=0.05,
-                                help="relative change below which rows count as same")
+        sub_parser.add_argument("--min-gap", type=validation.nonnegative_float,
+                                default=asv_tools.DEFAULT_MIN_GAP,
+                                help="relative change below which time rows count as same "
+                                "where their noise allows (default 1%%; each row's gap widens "
+                                "with its samples' spread and learned noise floor)")
+        sub_parser.add_argument("--confirm-rounds", type=validation.nonnegative_int,
+                                default=confirm.ROUNDS if name == "bench" else 0,
+                                help="interleaved re-measurements of base and head that a "
+                                "slower row must survive (default: 3 for bench, 0 for "
+                                "compare; 0 skips)")
+        sub_parser.add_argument("--json", metavar="PATH", help="also write every row (verdict, "
+                                "gap, re-measured ratios) to PATH as JSON")
         sub_parser.add_argument("--summary-md", metavar="PATH", help="also append the verdict "
                                 "table as Markdown to PATH (e.g. $GITHUB_STEP_SUMMARY)")
     floor = sub.add_parser("noise-floor", help="run asv repeatedly on one commit; store each "
@@ -117,5 +156,9 @@ def add_commands(sub) -> dict[str, Callable[[argparse.Namespace], int]]:
                        help="asv runs of the commit, whose spread is the floor (>= 2)")
     floor.add_argument("--bench", help="asv benchmark regex (e.g. Softmax.time_device)")
     _add_gate_power(sub)
+    recover = sub.add_parser("recover", help="write asv results from the measuring journals "
+                             "of benchmark runs that were interrupted (asv keeps a commit's "
+                             "results only once it finished)")
+    recover.add_argument("--machine", help="asv machine (default: this device model)")
     return {"bench": cmd_bench, "compare": cmd_compare, "noise-floor": cmd_noise_floor,
-            "gate-power": cmd_gate_power}
+            "gate-power": cmd_gate_power, "recover": cmd_recover}

@@ -68,6 +68,49 @@ def cupti_session() -> CuptiSession | None:
     return CuptiSession(extension)
 
 
+class TraceSession:
+    """An in-memory XProf session recording device activity only (host and Python tracers
+    off): started on construction; `stop()` -> `jax.profiler.ProfileData` (planes > lines >
+    events, the API trace files are read with), with no file written.
+
+    `jaxlib._profiler.ProfilerSession` and its `stop_and_get_profile_data` are private, and
+    the same in jax 0.10.2 and 0.11.2; `jax.profiler.start_trace` offers only files. On a GPU
+    its device planes ('/device:GPU:i') hold one line per CUDA stream, with every kernel,
+    NCCL kernel, memcpy and memset of every device on one timebase (CUPTI's timestamps
+    normalised to the host clock).
+    """
+
+    def __init__(self, profiler_module):
+        options = profiler_module.ProfileOptions()
+        options.host_tracer_level = 0
+        options.python_tracer_level = 0
+        self._session = profiler_module.ProfilerSession(options)
+
+    def stop(self):
+        return self._session.stop_and_get_profile_data()
+
+
+def trace_session_factory() -> Callable[[], TraceSession] | None:
+    """A function that starts a TraceSession, or None where this jaxlib has none."""
+    try:
+        from jaxlib import _profiler
+    except ImportError:
+        return None
+    session = getattr(_profiler, "ProfilerSession", None)
+    if session is None or not hasattr(session, "stop_and_get_profile_data"):
+        return None
+    return functools.partial(TraceSession, _profiler)
+
+
+def collective_matmul_mgpu():
+    """JAX's Mosaic GPU all-gather matmul module (`all_gather_lhs_matmul`, `TuningConfig`,
+    `MatmulDimension`), the same in jax 0.10.2 and 0.11.2; imported on use, since it
+    imports the Mosaic GPU lowering."""
+    from jax.experimental.pallas.ops.gpu import collective_matmul_mgpu as module
+
+    return module
+
+
 # JAX's monitoring events (jax._src.dispatch, compiler), the same names in 0.10.2 and 0.11.2:
 # one backend compile per miss of the in-memory caches (persistent-cache hits included),
 # one trace per jaxpr traced, and the persistent cache's requests and hits.

@@ -22,6 +22,19 @@ def nvidia_gpu_present() -> bool:
     return bool(glob.glob("/dev/nvidia[0-9]*")) or bool(glob.glob("/proc/driver/nvidia/gpus/*"))
 
 
+def nvidia_gpu_count() -> int:
+    """NVIDIA GPUs this process may use, counted without importing CUDA libraries (which a
+    parent that spawns one process per GPU must not hold): the driver's list, narrowed by
+    CUDA_VISIBLE_DEVICES when it is set; 0 without a GPU (or with KERNELPERF_FORCE_CPU)."""
+    if not nvidia_gpu_present():
+        return 0
+    present = len(glob.glob("/proc/driver/nvidia/gpus/*")) or len(glob.glob("/dev/nvidia[0-9]*"))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return present
+    return min(present, len([part for part in visible.split(",") if part.strip()]))
+
+
 def configure() -> None:
     """Set TRITON_INTERPRET, XLA_FLAGS and JAX's allocation mode for this machine; idempotent."""
     # torch shares the GPU with JAX throughout the suite (baselines, Triton and CUDA kernels),

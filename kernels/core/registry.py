@@ -100,6 +100,26 @@ class Work:
         return self.flops / self.bytes if self.bytes else float("inf")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Exchange:
+    """One collective a call of a sharded case issues, as nccl-tests names and sizes it: kind
+    ("all-to-all", ...), S = bytes per rank by nccl-tests' definition for that kind, the ranks
+    it spans, and fragments of the device kernels' names that carry it in a profiler trace
+    (NCCL's all-to-all runs as grouped send/recv: "SendRecv"). kernels.bench.scaling reads
+    each one's bandwidth inside the operation from the device trace."""
+
+    label: str  # what it does in the operation: "dispatch", "combine"
+    kind: str
+    size_bytes: int
+    ranks: int
+    kernels: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if self.size_bytes < 1 or self.ranks < 2 or not self.kernels:
+            raise ValueError(f"{self.label}: expected size_bytes >= 1, ranks >= 2 and kernel "
+                             f"names, got {self.size_bytes}, {self.ranks}, {self.kernels}")
+
+
 @dataclasses.dataclass(frozen=True)
 class BadInput:
     """An invalid call every one of our implementations must reject with a clear error."""
@@ -129,6 +149,11 @@ class Operation:
         magnitudes hold at their peak beyond float32 copies of the inputs, output and
         gradients, where that is more (attention's seq x seq probabilities); the test
         scheduler (kernels/testing/scheduling.py) reads it to share one GPU between workers.
+    weak_scaling: sharded operations: (mesh axis, dimensions) pairs; in weak scaling (a
+        fixed share of work per device, kernels.bench.scaling) those dimensions grow with
+        that mesh axis, e.g. (("data", ("batch",)), ("model", ("mlp",))).
+    exchanges: sharded operations: (case, direction) -> the Exchanges one call issues, for
+        their bandwidth inside the operation.
     """
 
     name: str
@@ -146,6 +171,8 @@ class Operation:
     gradient_tolerance_factor: float = 4.0
     gradient_magnitude: Callable[..., tuple[Any, ...]] | None = None
     reference_bytes: Callable[[Case], float] | None = None
+    weak_scaling: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    exchanges: Callable[[Case, str], tuple[Exchange, ...]] | None = None
 
     def cases_tagged(self, tag: str) -> tuple[Case, ...]:
         return tuple(case for case in self.cases if tag in case.tags)

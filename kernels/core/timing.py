@@ -18,11 +18,25 @@ How a sample is taken (the `method` every result names):
                  as `triton.testing.do_bench` does. It also counts the GPU
                  waiting for Python to launch (a 357 us Triton kernel read
                  610 us on an H100, a 2 us one 105 us).
-  "host-clock"   the CPU, a GPU JAX without CUPTI, or JAX inputs sharded over
-                 several devices: perf_counter around one
-                 call that waits for its result. On a GPU this includes
-                 dispatch overhead (a 1.8 us kernel read 38.9 us), so it is
-                 labelled, never passed off as device time.
+  "device-span"  JAX inputs laid out over several GPUs (and whatever asks for it,
+                 such as the one-device runs beside them in
+                 kernels.bench.scaling): an in-memory profiler trace
+                 (`compat.trace_session_factory`) of many calls, each waited
+                 for, gives every kernel, NCCL kernel, memcpy and memset of
+                 every device and stream on one timebase; the calls are told
+                 apart by the idle gaps between them (`split_calls`), and a
+                 sample is the largest per-device span of a call, first start
+                 to last end on that device (the span over all devices is kept
+                 beside it, `Measurement.all_devices_s`). CUPTI's sum would
+                 count overlapped streams and devices twice. Never compared
+                 with "cupti": a span includes the gaps between a call's
+                 kernels.
+  "host-clock"   the CPU, a GPU JAX without CUPTI, or sharded inputs where no
+                 device trace can be had (then with a warning): perf_counter
+                 around one call that waits for its result. On a GPU this
+                 includes dispatch overhead (a 1.8 us kernel read 38.9 us; a
+                 2-GPU all-gather about 230 us more than its device span), so
+                 it is labelled, never passed off as device time.
 
 Results taken by different methods are not compared (`comparable`): a
 speedup or a roofline over mixed clocks would measure the clocks.
@@ -47,6 +61,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import statistics
 import sys
@@ -96,6 +111,34 @@ def coefficient_of_variation(samples: Sequence[float]) -> float:
     return statistics.stdev(samples) / mean if mean > 0 else float("inf")
 
 
+# Two-sided 99% normal quantile, and the large-sample standard error of a median in units of
+# sigma / sqrt(n) (sqrt(pi / 2): the median of normal samples is that much less efficient
+# than their mean).
+Z99 = 2.5758
+MEDIAN_SE_FACTOR = 1.2533
+
+
+def robust_cv(samples: Sequence[float]) -> float:
+    """Spread of `samples` relative to their median, as a standard deviation estimated from the
+    median absolute deviation (1.4826 MAD): a few outliers (an interrupt, a clock step) do not
+    widen it as they widen the plain coefficient of variation. inf for fewer than 2 samples."""
+    if len(samples) < 2:
+        return float("inf")
+    middle = statistics.median(samples)
+    if middle <= 0:
+        return float("inf")
+    mad = statistics.median(abs(s - middle) for s in samples)
+    return 1.4826 * mad / middle
+
+
+def median_halfwidth(samples: Sequence[float], z: float = Z99) -> float:
+    """Half-width of the confidence interval of the samples' median, relative to it: z times
+    the median's standard error (normal approximation, spread from `robust_cv`). The
+    benchmarks sample until this is well inside the smallest change the gate must see."""
+    return z * MEDIAN_SE_FACTOR * robust_cv(samples) / math.sqrt(len(samples)) \
+        if len(samples) >= 2 else float("inf")
+
+
 def collect(sampler: Sampler, rule: StoppingRule,
             clock: Callable[[], float] = time.perf_counter) -> tuple[list[float], str]:
     """Samples from `sampler` until `rule` says stop; (samples, stop reason)."""
@@ -125,12 +168,15 @@ class Measurement:
     cv: float  # coefficient of variation of the samples
     repeats: int
     samples: tuple[float, ...]
-    method: str  # "cupti", "cuda-events" or "host-clock"
+    method: str  # "cupti", "device-span", "cuda-events" or "host-clock"
     regime: str  # "cold" or "hot"
     stop_reason: str  # "converged", "time-budget" or "max-samples"
     sm_clock_mhz: tuple[int | None, ...]  # per sample: the lower of the reads around its batch
     throttled: tuple[bool, ...]  # per sample
     fingerprint: dict[str, Any]
+    # "device-span" only, per sample: the call's span over all its devices (first start on
+    # any device to last end on any), beside the largest per-device span that is the sample.
+    all_devices_s: tuple[float, ...] = ()
 
     @classmethod
     def from_samples(cls, samples: Sequence[float], *, clocks: Sequence[int | None] = (),
@@ -157,8 +203,9 @@ class Measurement:
     def from_dict(cls, data: dict[str, Any]) -> Measurement:
         data = dict(data)
         data["cv"] = float("inf") if data["cv"] is None else data["cv"]
-        for key in ("samples", "sm_clock_mhz", "throttled"):
-            data[key] = tuple(data[key])
+        for key in ("samples", "sm_clock_mhz", "throttled", "all_devices_s"):
+            if key in data:  # records written before all_devices_s existed lack it
+                data[key] = tuple(data[key])
         return cls(**data)
 
 
@@ -324,6 +371,8 @@ class _ClockedSampler:
     def reset(self) -> None:
         self.clocks, self.throttled = [], []
         self.first_clocks = self.last_clocks = None
+        if hasattr(self.inner, "reset"):
+            self.inner.reset()
 
 
 class _HostSampler:
@@ -421,6 +470,213 @@ class _CuptiSampler:
         return samples
 
 
+# -- the device clock for work over several devices -------------------------------------------
+
+# Idle time between two calls the splitter accepts as a boundary. Between synchronous calls
+# the devices idle while the host waits for the result and dispatches the next call (at least
+# 40 us for a 2-GPU program on an H100 pair, /tmp/notes/sharded.md); gaps inside one call
+# (kernel after kernel on a stream, a collective waiting for its peer) are the devices' own.
+MIN_CALL_GAP_NS = 2_000.0
+# Profiler lines that carry device activity: one "Stream #N(...)" line per CUDA stream
+# (compute, collectives, copies). Other lines of a device plane ("XLA Ops", "XLA Modules")
+# repeat the same kernels grouped by HLO op and must not be counted twice.
+DEVICE_PLANE_PREFIX = "/device:GPU:"
+STREAM_LINE_PREFIX = "Stream"
+
+
+class TraceSplitError(RuntimeError):
+    """A device trace that cannot be cut into the calls that were made: the calls were not
+    separated by idle gaps, or events went missing or were added between calls."""
+
+
+class DeviceTraceUnavailable(RuntimeError):
+    """No device activity was recorded: no GPU, no profiler, or another CUPTI user."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DeviceEvent:
+    """One activity on a device stream in a profiler trace: a kernel, an NCCL kernel, a memcpy
+    or a memset, with its start and end on the trace's one timebase (nanoseconds)."""
+
+    device: str  # "GPU:0"
+    stream: str  # the profiler line, "Stream #13(Compute)"
+    name: str
+    start_ns: float
+    end_ns: float
+
+    def __post_init__(self) -> None:
+        if not self.end_ns >= self.start_ns:
+            raise ValueError(f"end_ns: expected >= start_ns ({self.start_ns}), got "
+                             f"{self.end_ns} ({self.name} on {self.device})")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CallSpan:
+    """The device events of one call, and its spans: per device, first start to last end on
+    that device (what the device was busy with the call, gaps between kernels included), and
+    over all devices (first start anywhere to last end anywhere: launch skew included)."""
+
+    events: tuple[DeviceEvent, ...]
+
+    def __post_init__(self) -> None:
+        if not self.events:
+            raise ValueError("events: expected at least one device event per call, got none")
+
+    @property
+    def per_device_s(self) -> dict[str, float]:
+        first: dict[str, float] = {}
+        last: dict[str, float] = {}
+        for event in self.events:
+            first[event.device] = min(first.get(event.device, math.inf), event.start_ns)
+            last[event.device] = max(last.get(event.device, -math.inf), event.end_ns)
+        return {device: (last[device] - first[device]) * 1e-9 for device in sorted(first)}
+
+    @property
+    def largest_s(self) -> float:
+        """The call's time: its largest per-device span."""
+        return max(self.per_device_s.values())
+
+    @property
+    def all_devices_s(self) -> float:
+        return (max(e.end_ns for e in self.events) - min(e.start_ns for e in self.events)) * 1e-9
+
+    def named(self, *fragments: str, device: str | None = None) -> list[DeviceEvent]:
+        """Events whose name contains any of `fragments` (on `device`, if given), in time order."""
+        return [e for e in self.events if any(f in e.name for f in fragments)
+                and (device is None or e.device == device)]
+
+
+def device_events(profile_data: Any) -> list[DeviceEvent]:
+    """Every event on the stream lines of the GPU planes of a `jax.profiler.ProfileData`
+    (planes > lines > events, from a trace file or an in-memory session); [] where the trace
+    has no GPU plane (a CPU run)."""
+    events = []
+    for plane in profile_data.planes:
+        if not plane.name.startswith(DEVICE_PLANE_PREFIX):
+            continue
+        device = plane.name.removeprefix("/device:")
+        for line in plane.lines:
+            if not line.name.startswith(STREAM_LINE_PREFIX):
+                continue
+            events += [DeviceEvent(device=device, stream=line.name, name=event.name,
+                                   start_ns=float(event.start_ns), end_ns=float(event.end_ns))
+                       for event in line.events]
+    return events
+
+
+def split_calls(events: Sequence[DeviceEvent], calls: int, *, period: int = 1,
+                min_gap_ns: float = MIN_CALL_GAP_NS) -> list[CallSpan]:
+    """Cut the device events of `calls` consecutive, synchronous calls into one CallSpan each.
+
+    Algorithm: sort the events by start; each event's idle gap is its start minus the latest
+    end of every earlier event, on any device and stream (so an event that overlaps earlier
+    work has none); the calls - 1 largest gaps are the boundaries. Refused (TraceSplitError)
+    when fewer events than calls were recorded, when a boundary's gap is under `min_gap_ns`
+    (calls that overlapped or ran back to back cannot be told apart), or when the calls
+    recorded different numbers of events: a boundary in the wrong place (an idle gap inside
+    a call larger than one between calls) always shows as uneven counts.
+
+    period: the calls alternate between `period` kinds (the timing loop's L2 flush, then the
+    timed call: period 2); counts are compared among calls of the same kind only.
+    """
+    if calls < 1:
+        raise ValueError(f"calls: expected >= 1, got {calls}")
+    if period < 1 or calls % period:
+        raise ValueError(f"period: expected >= 1 and dividing calls ({calls}), got {period}")
+    ordered = sorted(events, key=lambda e: (e.start_ns, e.end_ns))
+    if len(ordered) < calls:
+        raise TraceSplitError(f"device trace: expected at least one event per call, {calls} "
+                              f"calls, got {len(ordered)} events")
+    gaps = []
+    latest_end = -math.inf
+    for index, event in enumerate(ordered):
+        if index:
+            gaps.append((event.start_ns - latest_end, index))
+        latest_end = max(latest_end, event.end_ns)
+    cuts = sorted(index for _, index in sorted(gaps, reverse=True)[:calls - 1])
+    if cuts:
+        boundaries = set(cuts)
+        narrowest = min(gap for gap, index in gaps if index in boundaries)
+        if narrowest < min_gap_ns:
+            raise TraceSplitError(
+                f"device trace: expected {calls} calls separated by idle gaps of at least "
+                f"{min_gap_ns:.0f} ns, got a boundary gap of {narrowest:.0f} ns: the calls "
+                f"overlapped or ran back to back (was each one waited for?)")
+    bounds = [0, *cuts, len(ordered)]
+    groups = [tuple(ordered[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    for phase in range(period):
+        counts = [len(group) for group in groups[phase::period]]
+        if len(set(counts)) > 1:
+            kind = f" of kind {phase + 1} of {period}" if period > 1 else ""
+            raise TraceSplitError(
+                f"device trace: expected every call{kind} to record the same number of device "
+                f"events, got {counts}: an idle gap inside a call outlasted one between "
+                f"calls, or the profiler dropped events")
+    return [CallSpan(events=group) for group in groups]
+
+
+class _DeviceSpanSampler:
+    """Device time per call from an in-memory profiler trace (method "device-span").
+
+    One profiler session per `take(n)` (starting one costs 19-33 ms and stopping 7-10 ms on
+    an H100 pair, so many calls share it); inside it each call is dispatched and waited for,
+    which leaves the idle gap `split_calls` cuts at. In the cold regime each call follows
+    an L2 flush of every device it runs on, waited for too, so the flush is a call of its own
+    in the trace and is left out. A sample is the call's largest per-device span; the span
+    over all devices is kept in `all_devices`.
+
+    call: runs the timed code once; flush: writes every device's L2 (or None, hot);
+    wait(result): blocks until it is done; start_session(): a started session whose
+    `stop()` returns ProfileData.
+    """
+
+    def __init__(self, call: Callable[[], Any], flush: Callable[[], Any] | None,
+                 wait: Callable[[Any], Any], start_session: Callable[[], Any],
+                 label: str = "call"):
+        self.call, self.flush, self.wait = call, flush, wait
+        self.start_session, self.label = start_session, label
+        self.all_devices: list[float] = []
+        self.last_spans: list[CallSpan] = []
+        # Compile (and let XLA autotune) before anything is recorded, then check that the
+        # trace holds device activity at all.
+        wait(call())
+        if flush is not None:
+            wait(flush())
+        self.record(1)
+
+    def record(self, n: int) -> list[CallSpan]:
+        """n calls in one session: their CallSpans (flushes left out)."""
+        try:
+            session = self.start_session()
+        except Exception as error:  # another profiler session, a tracer that cannot start
+            raise DeviceTraceUnavailable(f"cannot start a profiler session: {error}") from error
+        try:
+            for _ in range(n):
+                if self.flush is not None:
+                    self.wait(self.flush())
+                self.wait(self.call())
+        finally:
+            profile = session.stop()
+        events = device_events(profile)
+        if not events:
+            raise DeviceTraceUnavailable(
+                f"the profiler recorded no GPU activity for {self.label} (no GPU, or another "
+                f"CUPTI user holds the GPUs' activity records: Nsight Systems or Compute, or "
+                f"the Mosaic CUPTI timer left attached in this process)")
+        period = 1 if self.flush is None else 2
+        spans = split_calls(events, n * period, period=period)
+        return spans[period - 1::period]
+
+    def take(self, n: int) -> list[float]:
+        spans = self.record(n)
+        self.last_spans = spans
+        self.all_devices += [span.all_devices_s for span in spans]
+        return [span.largest_s for span in spans]
+
+    def reset(self) -> None:
+        self.all_devices, self.last_spans = [], []
+
+
 # torch / Triton / ctypes CUDA on a GPU: "cupti" (the default, the clock JAX is timed by) or
 # "cuda-events" (asked for; also counts the GPU idling while the host launches, which
 # dominates kernels of a few microseconds: a 256x1024 softmax, 2.6 us by CUPTI, 18-105 us
@@ -449,21 +705,73 @@ def _warn_no_cupti(framework: str, fallback: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def devices_of(args: Any) -> list[Any]:
+    """The devices the JAX arrays in `args` live on, in id order (JAX's default device where
+    `args` hold no array: work on closed-over data)."""
+    import jax
+
+    found = {device for leaf in jax.tree.leaves(args) if isinstance(leaf, jax.Array)
+             for device in leaf.sharding.device_set}
+    return sorted(found, key=lambda device: device.id) or jax.devices()[:1]
+
+
 def spans_devices(args: Any) -> bool:
     """Whether any JAX array in `args` is laid out over several devices. CUPTI sums kernel
     durations over every device and stream, counting overlapped transfers and products
-    twice, so such calls are timed by the host clock (wall time)."""
+    twice, so such calls are timed by their device span ("device-span")."""
     import jax
 
     return any(len(leaf.sharding.device_set) > 1 for leaf in jax.tree.leaves(args)
                if isinstance(leaf, jax.Array))
 
 
-def make_sampler(timeable: Timeable, regime: str,
-                 device: fingerprint.Fingerprint) -> tuple[_ClockedSampler, str]:
-    """A sampler for `timeable` in `regime`, and the method it measures by."""
+@functools.cache
+def _warn_no_trace(reason: str) -> None:
+    """Once per process and reason: loud, since the numbers are then not device time."""
+    message = (f"kernelperf: no device trace ({reason}): work over several devices is timed "
+               f"by the host clock, which counts dispatch; such results say "
+               f"method='host-clock' and are not compared with 'device-span' ones")
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    print(message, file=sys.stderr, flush=True)
+
+
+CLOCKS = ("auto", "device-span")
+
+
+def _device_span_sampler(timeable: Timeable, flush_bytes: int | None) -> _DeviceSpanSampler | None:
+    """The device-span sampler for a JAX timeable, or None (with a warning, once) where no
+    device trace can be had on this GPU."""
+    import jax
+
+    from kernels.core import compat
+
+    start_session = compat.trace_session_factory()
+    if start_session is None:
+        _warn_no_trace("this jaxlib has no in-memory profiler session")
+        return None
+    call = functools.partial(timeable.fn, *timeable.args)
+    flush = jax_flush_devices(flush_bytes, devices_of(timeable.args)) if flush_bytes else None
+    try:
+        return _DeviceSpanSampler(call, flush, jax.block_until_ready, start_session,
+                                  timeable.label)
+    except DeviceTraceUnavailable as error:
+        _warn_no_trace(str(error))
+        return None
+
+
+def make_sampler(timeable: Timeable, regime: str, device: fingerprint.Fingerprint, *,
+                 clock: str = "auto") -> tuple[_ClockedSampler, str]:
+    """A sampler for `timeable` in `regime`, and the method it measures by.
+
+    clock: "auto" picks by the work (see the module docstring); "device-span" asks for the
+    device clock of several devices for any JAX work on a GPU, a single device's included,
+    so that a one-device run and a mesh run are timed alike (kernels.bench.scaling). Where
+    there is no device trace (a CPU) either falls back to the labelled host clock.
+    """
     if regime not in REGIMES:
         raise ValueError(f"regime: expected one of {REGIMES}, got {regime!r}")
+    if clock not in CLOCKS:
+        raise ValueError(f"clock: expected one of {CLOCKS}, got {clock!r}")
     flush_bytes = l2_bytes(device) if regime == "cold" else None
     call = functools.partial(timeable.fn, *timeable.args)
     if timeable.framework == "jax":
@@ -471,8 +779,16 @@ def make_sampler(timeable: Timeable, regime: str,
 
         from kernels.core import compat
 
+        if timeable.on_gpu and (clock == "device-span" or spans_devices(timeable.args)):
+            spanned = _device_span_sampler(timeable, flush_bytes)
+            if spanned is not None:
+                return _ClockedSampler(spanned, device), "device-span"
+            flush = jax_flush_devices(flush_bytes, devices_of(timeable.args)) \
+                if flush_bytes else None
+            inner = _HostSampler(lambda: jax.block_until_ready(call()), flush)
+            return _ClockedSampler(inner, device), "host-clock"
         session = None
-        if timeable.on_gpu and not spans_devices(timeable.args):
+        if timeable.on_gpu:
             session = compat.cupti_session()
             if session is None:
                 _warn_no_cupti("jax", "host-clock")
@@ -558,6 +874,17 @@ def jax_flush(nbytes: int, wait: bool = True) -> Callable[[], Any]:
     return lambda: jax.block_until_ready(write(jnp.int32(1)))
 
 
+def jax_flush_devices(nbytes: int, devices: Sequence[Any]) -> Callable[[], Any]:
+    """Writes `nbytes` on every one of `devices` and waits: the L2 flush of work that spans
+    them, dispatched to all before the wait so the devices flush at once."""
+    import jax
+    import jax.numpy as jnp
+
+    write = jax.jit(lambda token: jnp.broadcast_to(token, (nbytes // 4,)))
+    tokens = [jax.device_put(jnp.int32(1), device) for device in devices]
+    return lambda: jax.block_until_ready([write(token) for token in tokens])
+
+
 def numpy_flush(nbytes: int) -> Callable[[], Any]:
     buffer = np.empty(nbytes, dtype=np.int8)
     return functools.partial(buffer.fill, 1)
@@ -571,11 +898,13 @@ def default_rule(device: fingerprint.Fingerprint) -> StoppingRule:
 
 
 def time_timeable(timeable: Timeable, *, regime: str = "cold", rule: StoppingRule | None = None,
-                  device: fingerprint.Fingerprint | None = None) -> Measurement:
-    """Warm up (compiling), then sample `timeable` until `rule` stops; the Measurement."""
+                  device: fingerprint.Fingerprint | None = None,
+                  clock: str = "auto") -> Measurement:
+    """Warm up (compiling), then sample `timeable` until `rule` stops; the Measurement.
+    `clock`: as `make_sampler` takes it."""
     device = device or fingerprint.fingerprint()
     rule = rule or default_rule(device)
-    sampler, method = make_sampler(timeable, regime, device)
+    sampler, method = make_sampler(timeable, regime, device, clock=clock)
     sampler.take(WARMUP_CALLS)
     sampler.reset()
     samples, reason = collect(sampler, rule)
@@ -586,7 +915,20 @@ def time_timeable(timeable: Timeable, *, regime: str = "cold", rule: StoppingRul
         if sampler.last_clocks else None
     return Measurement.from_samples(samples, clocks=sampler.clocks, throttled=sampler.throttled,
                                     label=timeable.label, method=method, regime=regime,
-                                    stop_reason=reason, fingerprint=identity)
+                                    stop_reason=reason, fingerprint=identity,
+                                    all_devices_s=tuple(getattr(sampler.inner, "all_devices",
+                                                                ())))
+
+
+def trace_calls(timeable: Timeable, calls: int = 5) -> list[CallSpan] | None:
+    """`calls` calls of `timeable` (hot, each waited for) in one device trace: their
+    CallSpans, every kernel, collective and copy of every device, for breakdowns (the
+    bandwidth of one collective inside an operation); None where no device trace can be had
+    (a CPU). Compiles first if needed."""
+    if timeable.framework != "jax" or not timeable.on_gpu:
+        return None
+    sampler = _device_span_sampler(timeable, None)
+    return None if sampler is None else sampler.record(calls)
 
 
 # Calls issued back to back per launch-overhead sample: enough to amortise the timer, few

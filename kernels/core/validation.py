@@ -27,6 +27,14 @@ class UnknownName(UserError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, with a usage mistake reported as one line and exit status 2 (argparse prints
+    the usage first): every `python -m` command of the package parses with it."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (--help for usage)\n")
+
+
 def _number(text: str, kind: type, *, minimum: float, inclusive: bool) -> float:
     """`text` as a finite `kind` above (or, `inclusive`, at least) `minimum`; argparse's type
     error otherwise, which it reports naming the option."""

@@ -1,5 +1,5 @@
-"""Work over several devices: meshes, logical-axis rules and interconnect bandwidth (meshes,
-which the sharded operations build on), every sharded operation over jax.distributed's
-processes (distributed), and scaling against one device (scaling). Imports the core; reaches
-operations through the registry, never by importing them.
+"""Work over several devices: meshes, logical-axis rules and the interconnect roof (meshes,
+which the sharded operations build on), and collectives measured as nccl-tests measures them
+(collectives). Imports the core only; jax.distributed's runner and scaling against one device
+live with the tools (kernels.testing.distributed, kernels.bench.scaling).
 """

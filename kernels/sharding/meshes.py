@@ -15,7 +15,6 @@ import math
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -40,6 +39,27 @@ def parse_mesh_shape(shape: str | Sequence[int]) -> tuple[int, int]:
 
 def mesh_size(shape: str | Sequence[int]) -> int:
     return math.prod(parse_mesh_shape(shape))
+
+
+# Device counts the GPU cases of the sharded operations are declared for; a mesh larger than
+# the host skips, naming its need.
+GPU_DEVICE_COUNTS = (2, 4, 8)
+
+
+def standard_shapes(devices: int) -> list[str]:
+    """The meshes of `devices` devices every sharded operation is declared and tested on:
+    all model parallel (1xN), all data parallel (Nx1), and both (2 x N/2, for even N >= 4)."""
+    if devices < 1:
+        raise ValueError(f"devices: expected >= 1, got {devices}")
+    shapes = [f"1x{devices}", f"{devices}x1"] if devices > 1 else ["1x1"]
+    if devices >= 4 and devices % 2 == 0:
+        shapes.append(f"2x{devices // 2}")
+    return shapes
+
+
+def shapes_up_to(devices: int, counts: Sequence[int] = GPU_DEVICE_COUNTS) -> list[str]:
+    """standard_shapes of every count in `counts` that `devices` devices can hold."""
+    return [shape for n in counts if n <= devices for shape in standard_shapes(n)]
 
 
 def unavailable_reason(shape: str | Sequence[int]) -> str | None:
@@ -118,10 +138,11 @@ def place(x: jax.Array | np.ndarray, mesh: Mesh, spec: PartitionSpec) -> jax.Arr
 
 @dataclasses.dataclass(frozen=True)
 class Bandwidth:
-    """Achieved all-gather bandwidth: bytes each device received per second."""
+    """Achieved all-gather bandwidth: nccl-tests' bus bandwidth, the bytes each device
+    received per second ((n - 1) / n of the gathered array, over the call's time)."""
 
     devices: int
-    message_bytes: int  # bytes gathered into each device's result
+    message_bytes: int  # bytes gathered into each device's result (nccl-tests' S)
     seconds: float
     timer: str
 
@@ -131,41 +152,34 @@ class Bandwidth:
         return received / self.seconds
 
 
-def interconnect_bandwidth(devices: int | None = None, *, message_bytes: int = 256 * 2**20,
+def interconnect_bandwidth(devices: int | None = None, *, message_bytes: int | None = None,
                            repeats: int = 20) -> Bandwidth:
     """Measure all-gather bandwidth across `devices` devices: the third roof of the roofline.
 
-    Each device holds 1/devices of a `message_bytes` float32 array and gathers
-    the rest; the bandwidth counts the bytes a device receives, (n-1)/n of the
-    message, the quantity NCCL's tests report as the all-gather "bus bandwidth".
-    Wall time per call, the median of `repeats`, from kernels.core.timing's host clock (each
-    call waits for the result); at hundreds of MB per call the dispatch overhead is a
-    small fraction.
+    Each device holds 1/devices of a `message_bytes` float32 array (default 1 GiB on GPUs,
+    16 MiB on CPU host devices) and gathers the rest; the bandwidth counts the bytes a device
+    receives, (n-1)/n of the message, nccl-tests' all-gather "bus bandwidth". Timed by
+    kernels.core.timing through kernels.sharding.collectives: on GPUs each call's device span
+    (the host clock added ~230 us per call, which read 170 GB/s for 242 at 256 MiB on an
+    H100 pair), the median of `repeats` calls.
     """
+    from kernels.core import timing
+    from kernels.sharding import collectives
+
     n = devices or jax.device_count()
     if n < 2:
         raise ValueError(f"devices: expected at least 2 to measure an interconnect, got {n}")
-    mesh = compat.make_mesh((n,), ("all",), devices=jax.devices()[:n])
-    elements = max(n, message_bytes // 4 // n * n)
-    x = place(jnp.arange(elements, dtype=jnp.float32), mesh, PartitionSpec("all"))
-    gather = jax.jit(lambda v: v, out_shardings=NamedSharding(mesh, PartitionSpec()))
-    from kernels.core import timing
-
-    def call():
-        jax.block_until_ready(gather(x))
-
-    call()  # compile outside the timed region
-    measurement = timing.time_timeable(
-        timing.Timeable("all-gather", "host", call, (), False), regime="hot",
-        rule=timing.StoppingRule(min_samples=repeats, max_samples=repeats))
-    return Bandwidth(devices=n, message_bytes=elements * 4, seconds=measurement.median_s,
-                     timer=f"kernels.core.timing {measurement.method}, n={measurement.repeats}")
+    size = message_bytes or collectives.CEILING_BYTES[collectives.platform()]
+    result = collectives.measure("all-gather", n, size, rule=timing.StoppingRule(
+        min_samples=repeats, max_samples=repeats))
+    return Bandwidth(devices=n, message_bytes=result.size_bytes, seconds=result.seconds,
+                     timer=f"kernels.core.timing {result.method}, n={result.repeats}")
 
 
 @functools.cache
 def interconnect_ceiling(devices: int) -> float:
-    """All-gather bytes/s received per device over `devices` devices, measured once per
-    process: the interconnect roof of the roofline."""
-    # Host devices share one memory: a smaller message keeps the CPU measurement short.
-    message = 256 * 2**20 if jax.default_backend() == "gpu" else 16 * 2**20
-    return interconnect_bandwidth(devices, message_bytes=message).bytes_per_second
+    """All-gather bytes/s received per device (busbw) over `devices` devices at 1 GiB (16 MiB
+    on CPU host devices), measured once per process: the interconnect roof of the roofline."""
+    from kernels.sharding import collectives
+
+    return collectives.ceiling("all-gather", devices).busbw

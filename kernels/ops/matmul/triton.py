@@ -74,8 +74,13 @@ def _fits(configs, named_args, **kwargs):
     return kept or configs[-1:]
 
 
+# cache_results: the choice is kept on disk (Triton's cache, keyed by the kernel's source, the
+# configs and the shape), so every process runs the config the first one picked. Without it
+# each process autotuned afresh and near-tied configs swapped between processes: on the H100
+# the same commit read 0.94-1.04x of itself from one process to the next (gate-power,
+# 2026-11-26), which a 2% gate cannot see through.
 @triton.autotune(configs=_configs(), key=["M", "N", "K"], prune_configs_by={
-    "early_config_prune": _fits})
+    "early_config_prune": _fits}, cache_results=True)
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
 def matmul_kernel(

@@ -173,6 +173,24 @@ def work(case: registry.Case, direction: str) -> registry.Work:
                          comm_bytes=exchanged + reduced + 2 * (devices - 1) * m * e * itemsize)
 
 
+def exchanges(case: registry.Case, direction: str) -> tuple[registry.Exchange, ...]:
+    """The forward's two all-to-alls over the expert (data) axis: each rank's buffer is its
+    share of the (experts, groups, slots, embed) tensor (nccl-tests' all-to-all S). The
+    backward's are not listed (their order among the gradient's collectives is the
+    compiler's)."""
+    registry.check_direction(direction)
+    data, _ = meshes.parse_mesh_shape(case.kwargs["mesh"])
+    if direction != "fwd" or data < 2:
+        return ()
+    c = capacity(case["group_size"], case["experts"], case.kwargs["top_k"],
+                 case.kwargs["capacity_factor"])
+    per_rank = (case["experts"] * case["groups"] * c * case["embed"]
+                * dtypes.to_numpy(case.dtype).itemsize) // data
+    return tuple(registry.Exchange(label=label, kind="all-to-all", size_bytes=per_rank,
+                                   ranks=data, kernels=("SendRecv", "AllToAll"))
+                 for label in ("dispatch", "combine"))
+
+
 def tolerance(case: registry.Case) -> float:
     """Four chained products (dispatch, the expert's two layers, combine), each rounding its
     inputs: GPUs multiply float32 in TF32 by default (10-bit mantissa), as the matmul op allows."""
@@ -190,11 +208,16 @@ def _case(dtype: str, dims: tuple[int, ...], mesh: str, *tags: str, top_k: int =
 
 def _cases() -> tuple[registry.Case, ...]:
     # Capacity factor 1 with random routing overfills some experts: tokens are dropped.
-    cases = [_case("f32", (8, 16, 8, 16, 8), mesh, "cpu") for mesh in ("8x1", "4x2", "2x4")]
+    # The 4x2 case is a CPU benchmark too (KERNELPERF_BENCH_FULL, on 8 host devices).
+    cases = [_case("f32", (8, 16, 8, 16, 8), mesh, "cpu",
+                   *((registry.BENCH_TAG,) if mesh == "4x2" else ()))
+             for mesh in ("8x1", "4x2", "2x4")]
     cases.append(_case("f32", (8, 16, 8, 16, 8), "4x2", "cpu", top_k=1, capacity_factor=2.0))
     # Real sizes (8k tokens); the reference's dense one-hot dispatch bounds them.
-    cases += [_case("f32", (8, 1024, 1024, 4096, 8), mesh, "gpu", capacity_factor=1.25)
-              for mesh in ("2x1", "1x2", "4x1", "2x2")]
+    # Benchmarked where the machine holds the mesh (2, 4 and 8 devices declared).
+    cases += [_case("f32", (8, 1024, 1024, 4096, 8), mesh, "gpu", registry.BENCH_TAG,
+                    capacity_factor=1.25)
+              for mesh in meshes.shapes_up_to(max(meshes.GPU_DEVICE_COUNTS))]
     return tuple(cases)
 
 
@@ -231,4 +254,7 @@ OPERATION = registry.register_operation(registry.Operation(
     cases=_cases(),
     validate=validate,
     bad_inputs=BAD_INPUTS,
+    # Groups (tokens) over the expert axis, hidden features over model.
+    weak_scaling=((meshes.DATA, ("groups",)), (meshes.MODEL, ("mlp",))),
+    exchanges=exchanges,
 ))

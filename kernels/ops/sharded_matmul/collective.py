@@ -100,6 +100,19 @@ def compute_only(mesh_shape: str):
                                     out_specs=spec.C_SPEC))
 
 
+def _gather_then_multiply(a_block: jax.Array, b_block: jax.Array) -> jax.Array:
+    return jax.lax.all_gather(a_block, meshes.MODEL, tiled=True) @ b_block
+
+
+@functools.cache
+def gather_then_multiply(mesh_shape: str):
+    """No overlap: the all-gather of A over `model`, then one product per device (the
+    reference JAX's collective-matmul example compares against). Takes spec.A_SPEC's A."""
+    mesh = meshes.make_mesh(mesh_shape)
+    return jax.jit(compat.shard_map(_gather_then_multiply, mesh=mesh,
+                                    in_specs=(spec.A_SPEC, spec.B_SPEC), out_specs=spec.C_SPEC))
+
+
 def matmul(a: jax.Array, b: jax.Array, mesh: str, config: Config | None = None) -> jax.Array:
     """C = A @ B by a ring collective matmul over a `mesh` ("4x2") mesh."""
     spec.validate(a, b, mesh)

@@ -1,0 +1,307 @@
+"""The device clock of work over several devices ("device-span"): reading device events from a
+profiler trace, cutting them into calls, and the sampler, on synthetic traces (a CPU has no
+GPU planes); and the labelled host-clock fallback where there is no device trace."""
+
+from __future__ import annotations
+
+import types
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.profiler import ProfileData
+
+from kernels.core import compat, fingerprint, timing
+
+US = 1_000.0  # nanoseconds
+ON_GPU = jax.default_backend() == "gpu"
+
+
+def event(device: int, start_us: float, end_us: float, name: str = "gemm",
+          stream: str = "Stream #13(Compute)") -> timing.DeviceEvent:
+    return timing.DeviceEvent(device=f"GPU:{device}", stream=stream, name=name,
+                              start_ns=start_us * US, end_ns=end_us * US)
+
+
+def one_call(t0: float) -> list[timing.DeviceEvent]:
+    """A call on two devices from t0 (us): device 0 runs a product while its collective
+    overlaps it on another stream, then a copy; device 1 starts 5 us late and ends last."""
+    return [event(0, t0, t0 + 300),
+            event(0, t0 + 20, t0 + 120, "ncclDevKernel_SendRecv", "Stream #40(Collective)"),
+            event(0, t0 + 302, t0 + 310, "MemcpyD2D", "Stream #14(MemcpyD2D)"),
+            event(1, t0 + 5, t0 + 290),
+            event(1, t0 + 25, t0 + 130, "ncclDevKernel_SendRecv", "Stream #40(Collective)"),
+            event(1, t0 + 292, t0 + 330)]
+
+
+def calls(n: int, gap_us: float = 50.0, period_us: float = 330.0) -> list[timing.DeviceEvent]:
+    out = []
+    for i in range(n):
+        out += one_call(i * (period_us + gap_us))
+    return out
+
+
+# -- reading a trace ---------------------------------------------------------------------------
+
+TRACE = """
+planes { id: 1 name: "/device:GPU:0"
+  lines { id: 1 name: "Stream #13(Compute)" timestamp_ns: 1000
+    events { metadata_id: 1 offset_ps: 0 duration_ps: 5000000 }
+    events { metadata_id: 2 offset_ps: 7000000 duration_ps: 1000000 } }
+  lines { id: 2 name: "XLA Ops" timestamp_ns: 1000
+    events { metadata_id: 1 offset_ps: 0 duration_ps: 5000000 } }
+  event_metadata { key: 1 value { id: 1 name: "gemm" } }
+  event_metadata { key: 2 value { id: 2 name: "ncclDevKernel_SendRecv" } } }
+planes { id: 2 name: "/device:GPU:1"
+  lines { id: 1 name: "Stream #40(Collective)" timestamp_ns: 2000
+    events { metadata_id: 1 offset_ps: 500000 duration_ps: 2000000 } }
+  event_metadata { key: 1 value { id: 1 name: "ncclDevKernel_SendRecv" } } }
+planes { id: 3 name: "/host:CPU"
+  lines { id: 1 name: "python" timestamp_ns: 0
+    events { metadata_id: 1 offset_ps: 0 duration_ps: 9000000 } }
+  event_metadata { key: 1 value { id: 1 name: "call" } } }
+"""
+
+
+def test_device_events_read_stream_lines_of_gpu_planes_only():
+    events = timing.device_events(ProfileData.from_text_proto(TRACE))
+    got = sorted((e.device, e.stream, e.name, e.start_ns, e.end_ns) for e in events)
+    assert got == [
+        ("GPU:0", "Stream #13(Compute)", "gemm", 1000.0, 6000.0),
+        ("GPU:0", "Stream #13(Compute)", "ncclDevKernel_SendRecv", 8000.0, 9000.0),
+        ("GPU:1", "Stream #40(Collective)", "ncclDevKernel_SendRecv", 2500.0, 4500.0),
+    ]  # the "XLA Ops" line repeats kernels and the host plane is not device time
+
+
+@pytest.mark.skipif(ON_GPU, reason="a CPU's trace: a GPU's has device events")
+def test_cpu_trace_has_no_device_events():
+    start = compat.trace_session_factory()
+    assert start is not None, "jaxlib's in-memory profiler session is missing"
+    session = start()
+    jax.block_until_ready(jnp.ones(64) * 2)
+    assert timing.device_events(session.stop()) == []
+
+
+def test_event_end_before_start_is_refused():
+    with pytest.raises(ValueError, match=r"^end_ns: expected >= start_ns \(10.0\), got 5.0"):
+        timing.DeviceEvent(device="GPU:0", stream="s", name="k", start_ns=10.0, end_ns=5.0)
+
+
+# -- cutting a trace into calls ----------------------------------------------------------------
+
+def test_split_calls_gives_per_device_and_all_device_spans():
+    spans = timing.split_calls(calls(3), 3)
+    assert len(spans) == 3 and all(len(span.events) == 6 for span in spans)
+    for span in spans:
+        assert span.per_device_s == pytest.approx({"GPU:0": 310e-6, "GPU:1": 325e-6})
+        assert span.largest_s == pytest.approx(325e-6)
+        assert span.all_devices_s == pytest.approx(330e-6)
+        assert [e.device for e in span.named("SendRecv")] == ["GPU:0", "GPU:1"]
+        assert len(span.named("SendRecv", device="GPU:1")) == 1
+
+
+def test_split_calls_orders_events_and_ignores_gaps_inside_a_call():
+    # Shuffled input; inside each call a 2 us idle gap (300 -> 302) is not a boundary.
+    events = list(reversed(calls(4, gap_us=40.0)))
+    spans = timing.split_calls(events, 4)
+    assert [round(s.events[0].start_ns / US) for s in spans] == [0, 370, 740, 1110]
+
+
+def test_split_calls_refuses_uneven_event_counts():
+    events = calls(3)
+    del events[7]  # the second call lost its collective on device 0
+    with pytest.raises(timing.TraceSplitError,
+                       match=r"expected every call to record the same number of device events, "
+                             r"got \[6, 5, 6\]"):
+        timing.split_calls(events, 3)
+
+
+def test_split_calls_refuses_a_gap_inside_a_call_longer_than_between_calls():
+    events = calls(3, gap_us=20.0)
+    # The first call's last event starts 30 us after the rest of it ended, 5 us before the
+    # second call: the first boundary lands inside the first call.
+    events[5] = event(1, 340, 345)
+    with pytest.raises(timing.TraceSplitError, match=r"got \[5, 7, 6\]"):
+        timing.split_calls(events, 3)
+
+
+def test_split_calls_refuses_calls_back_to_back():
+    with pytest.raises(timing.TraceSplitError,
+                       match=r"idle gaps of at least 2000 ns, got a boundary gap of 500 ns"):
+        timing.split_calls(calls(3, gap_us=0.5), 3)
+
+
+def test_split_calls_refuses_fewer_events_than_calls_and_bad_counts():
+    with pytest.raises(timing.TraceSplitError, match=r"3 calls, got 2 events"):
+        timing.split_calls([event(0, 0, 1), event(0, 10, 11)], 3)
+    with pytest.raises(ValueError, match=r"^calls: expected >= 1, got 0$"):
+        timing.split_calls(calls(1), 0)
+    with pytest.raises(ValueError, match=r"^period: expected >= 1 and dividing calls \(3\)"):
+        timing.split_calls(calls(3), 3, period=2)
+
+
+def test_split_calls_one_call_is_the_whole_trace():
+    (span,) = timing.split_calls(calls(1), 1)
+    assert span.largest_s == pytest.approx(325e-6)
+
+
+def test_split_calls_with_a_flush_between_calls_compares_like_with_like():
+    events = []
+    for i in range(3):
+        t0 = i * 800.0
+        events += [event(0, t0, t0 + 40, "flush"), event(1, t0 + 1, t0 + 41, "flush")]
+        events += one_call(t0 + 100)
+    spans = timing.split_calls(events, 6, period=2)
+    assert [len(s.events) for s in spans] == [2, 6, 2, 6, 2, 6]
+    assert [s.largest_s for s in spans[1::2]] == pytest.approx([325e-6] * 3)
+    del events[3]  # a call loses an event: the flushes still agree, the calls do not
+    with pytest.raises(timing.TraceSplitError, match=r"of kind 2 of 2 .* got \[5, 6, 6\]"):
+        timing.split_calls(events, 6, period=2)
+
+
+# -- the sampler -------------------------------------------------------------------------------
+
+class FakeDevices:
+    """Two simulated GPUs: each call appends one_call's events at a simulated clock; a
+    session returns what was appended while it ran, as ProfileData's planes > lines > events."""
+
+    def __init__(self, per_call=one_call, record=True):
+        self.now = 0.0
+        self.log: list[timing.DeviceEvent] = []
+        self.per_call, self.record = per_call, record
+        self.sessions = 0
+
+    def call(self):
+        self.log += self.per_call(self.now) if self.record else []
+        self.now += 400.0
+        return None
+
+    def start_session(self):
+        self.sessions += 1
+        first = len(self.log)
+
+        def stop():
+            events = self.log[first:]
+            planes = {}
+            for e in events:
+                plane = planes.setdefault(e.device, {})
+                plane.setdefault(e.stream, []).append(types.SimpleNamespace(
+                    name=e.name, start_ns=e.start_ns, end_ns=e.end_ns))
+            return types.SimpleNamespace(planes=[
+                types.SimpleNamespace(name=f"/device:{device}", lines=[
+                    types.SimpleNamespace(name=stream, events=line)
+                    for stream, line in lines.items()])
+                for device, lines in planes.items()])
+
+        return types.SimpleNamespace(stop=stop)
+
+
+def test_sampler_takes_largest_per_device_span_and_keeps_all_device_span():
+    fake = FakeDevices()
+    sampler = timing._DeviceSpanSampler(fake.call, None, lambda _: None, fake.start_session)
+    assert fake.sessions == 1  # the probe that checks the trace holds device activity
+    assert sampler.take(5) == pytest.approx([325e-6] * 5)
+    assert fake.sessions == 2  # one session for the five calls
+    assert sampler.all_devices == pytest.approx([330e-6] * 5)
+    sampler.reset()
+    assert sampler.all_devices == []
+
+
+def test_sampler_without_device_activity_says_why():
+    fake = FakeDevices(record=False)
+    with pytest.raises(timing.DeviceTraceUnavailable, match=r"recorded no GPU activity for "
+                                                            r"the-op .* another CUPTI user"):
+        timing._DeviceSpanSampler(fake.call, None, lambda _: None, fake.start_session,
+                                  "the-op")
+
+
+def test_sampler_propagates_a_trace_it_cannot_split():
+    counter = iter(range(1000))
+
+    def uneven(t0):  # every third call records one event fewer
+        events = one_call(t0)
+        return events[:-1] if next(counter) % 3 == 2 else events
+
+    fake = FakeDevices(per_call=uneven)
+    sampler = timing._DeviceSpanSampler(fake.call, None, lambda _: None, fake.start_session)
+    with pytest.raises(timing.TraceSplitError, match="same number of device events"):
+        sampler.take(6)
+
+
+def _on_gpu_timeable(fake: FakeDevices) -> timing.Timeable:
+    # Claimed to be on a GPU, so that make_sampler takes the device-trace path on a CPU.
+    return timing.Timeable("fake-op", "jax", lambda x: fake.call(), (jnp.ones(2),), True)
+
+
+def test_make_sampler_uses_the_device_clock_when_asked(monkeypatch):
+    fake = FakeDevices()
+    monkeypatch.setattr(compat, "trace_session_factory", lambda: fake.start_session)
+    measurement = timing.time_timeable(
+        _on_gpu_timeable(fake), regime="hot", clock="device-span",
+        rule=timing.StoppingRule(min_samples=4, max_samples=4),
+        device=fingerprint.fingerprint())
+    assert measurement.method == "device-span"
+    assert measurement.samples == pytest.approx((325e-6,) * 4)
+    assert measurement.all_devices_s == pytest.approx((330e-6,) * 4)  # warm-up left out
+    again = timing.Measurement.from_dict(measurement.to_dict())
+    assert again.all_devices_s == measurement.all_devices_s
+
+
+def test_make_sampler_falls_back_to_the_labelled_host_clock(monkeypatch, capsys):
+    fake = FakeDevices(record=False)
+    monkeypatch.setattr(compat, "trace_session_factory", lambda: fake.start_session)
+    timing._warn_no_trace.cache_clear()
+    with pytest.warns(RuntimeWarning, match="timed by the host clock"):
+        _, method = timing.make_sampler(_on_gpu_timeable(fake), "hot",
+                                        fingerprint.fingerprint(), clock="device-span")
+    assert method == "host-clock"
+    assert "recorded no GPU activity" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"^clock: expected one of \('auto', 'device-span'\), "
+                                         r"got 'wall'$"):
+        timing.make_sampler(_on_gpu_timeable(fake), "hot", fingerprint.fingerprint(),
+                            clock="wall")
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU's fallback; GPUs: test_sharded_work_on_gpus_...")
+def test_sharded_work_on_cpu_keeps_the_host_clock():
+    if jax.device_count() < 2:
+        pytest.skip("needs 2 host devices")
+    mesh = compat.make_mesh((2,), ("x",), devices=jax.devices()[:2])
+    x = jax.device_put(jnp.ones(8), jax.sharding.NamedSharding(mesh,
+                                                               jax.sharding.PartitionSpec("x")))
+    timeable = timing.callable_timeable("double", lambda v: v * 2, "jax", (x,))
+    assert timing.spans_devices(timeable.args) and not timeable.on_gpu
+    _, method = timing.make_sampler(timeable, "hot", fingerprint.fingerprint())
+    assert method == "host-clock"
+    assert timing.trace_calls(timeable) is None  # no device trace on a CPU
+
+
+@pytest.mark.multi_gpu
+@pytest.mark.skipif(not ON_GPU or jax.device_count() < 2,
+                    reason=f"needs 2 GPUs; this machine has {jax.device_count()} "
+                           f"{jax.default_backend()} device(s)")
+def test_sharded_work_on_gpus_is_timed_by_its_device_span():
+    """On real GPUs: an all-gather over two of them is cut into its calls, each call's span
+    covers its NCCL kernel on both devices, and the span over all devices is no shorter."""
+    mesh = compat.make_mesh((2,), ("x",), devices=jax.devices()[:2])
+    layout = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
+    x = jax.device_put(jnp.ones(1 << 22, jnp.float32), layout)  # 16 MiB gathered
+    gather = jax.jit(lambda v: v * 2, out_shardings=jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec()))
+    timeable = timing.callable_timeable("all-gather", gather, "jax", (x,))
+    measurement = timing.time_timeable(timeable, regime="hot",
+                                       rule=timing.StoppingRule(min_samples=10, max_samples=10))
+    assert measurement.method == "device-span", measurement.method
+    assert len(measurement.all_devices_s) == measurement.repeats == 10
+    assert all(a >= s * 0.999 for a, s in zip(measurement.all_devices_s, measurement.samples,
+                                              strict=True))
+    spans = timing.trace_calls(timeable, 4)
+    assert spans is not None and len(spans) == 4
+    for span in spans:
+        assert set(span.per_device_s) == {"GPU:0", "GPU:1"}, span.per_device_s
+        assert {e.device for e in span.named("AllGather", "ncclDevKernel")} == {"GPU:0", "GPU:1"}
+    # Cold: each call follows an L2 flush of both GPUs, left out of the samples.
+    cold = timing.time_timeable(timeable, regime="cold",
+                                rule=timing.StoppingRule(min_samples=5, max_samples=5))
+    assert cold.method == "device-span"
+    assert 0.5 < cold.median_s / measurement.median_s < 2.0

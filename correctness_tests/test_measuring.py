@@ -1,0 +1,189 @@
+"""The benchmarks' measuring (perf_tests/measuring.py): samples until the median is pinned, a
+journal that survives its writer, and a supervisor that contains a worker's hang, crash or
+exception to the one parameter set in flight."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from kernels.core import timing
+from perf_tests import measuring
+
+
+def _source(values):
+    """take(n) over a fixed sequence of samples, recording the batch sizes asked for."""
+    stream = iter(values)
+    asked = []
+
+    def take(n):
+        asked.append(n)
+        return [next(stream) for _ in range(n)]
+    return take, asked
+
+
+def test_tight_samples_stop_at_the_minimum():
+    take, asked = _source([1.0 + 1e-4 * (i % 3) for i in range(1000)])
+    samples, why = measuring.collect_samples(take, measuring.GPU_SAMPLING,
+                                             timing.median_halfwidth)
+    assert why == "pinned" and len(samples) == measuring.GPU_SAMPLING.min_samples
+    assert asked == [measuring.GPU_SAMPLING.min_samples]
+
+
+def test_noisy_samples_double_until_the_median_is_pinned():
+    # CV 2%: the 99% half-width reaches 0.4% near n = (2.576 * 1.2533 * 2 / 0.4)^2 ~ 260,
+    # beyond the cap, so the rule stops at max_samples with batches that doubled.
+    values = [1.0 + 0.02 * ((i * 7919) % 11 - 5) / 5 for i in range(1000)]
+    rule = measuring.Sampling(min_samples=10, max_samples=80, target=0.004, max_seconds=60)
+    take, asked = _source(values)
+    samples, why = measuring.collect_samples(take, rule, timing.median_halfwidth)
+    assert why == "max-samples" and len(samples) == 80
+    assert asked == [10, 10, 20, 40]
+
+
+def test_a_slow_sampler_stops_at_the_time_cap():
+    now = [0.0]
+
+    def clock():
+        now[0] += 1.0
+        return now[0]
+    take, _ = _source([1.0 + 0.05 * (i % 2) for i in range(1000)])
+    rule = measuring.Sampling(min_samples=10, max_samples=100, max_seconds=2.5)
+    samples, why = measuring.collect_samples(take, rule, timing.median_halfwidth, clock=clock)
+    assert why == "time-cap" and len(samples) < 100
+
+
+def test_an_older_kernels_gets_a_fixed_count():
+    take, _ = _source([1.0] * 100)
+    samples, why = measuring.collect_samples(take, measuring.GPU_SAMPLING, None)
+    assert why == "fixed" and len(samples) == measuring.FALLBACK_SAMPLES
+
+
+def test_the_minimum_lets_asvs_mann_whitney_fire():
+    """asv's Mann-Whitney at p < 0.002 cannot fire on fewer than 7 samples a side."""
+    from asv import _stats
+
+    base = [1.0 + 1e-4 * i for i in range(measuring.GPU_SAMPLING.min_samples)]
+    head = [1.02 * s for s in base]
+    assert _stats.mann_whitney_u(base, head)[1] < 0.002
+    assert measuring.CPU_SAMPLING.min_samples >= 7
+
+
+def test_median_halfwidth_shrinks_with_count_and_ignores_an_outlier():
+    tight = [1.0, 1.001, 0.999, 1.0005, 0.9995] * 4
+    assert timing.median_halfwidth(tight * 4) < timing.median_halfwidth(tight)
+    assert timing.median_halfwidth(tight + [50.0]) < 0.01
+
+
+@pytest.mark.parametrize("bad", [dict(min_samples=1), dict(min_samples=20, max_samples=10),
+                                 dict(target=0), dict(max_seconds=-1)])
+def test_bad_sampling_is_refused(bad):
+    with pytest.raises(ValueError):
+        measuring.Sampling(**bad)
+
+
+def test_a_line_cut_short_is_skipped(tmp_path: Path):
+    journal = tmp_path / "j.jsonl"
+    measuring.append(journal, {"event": "done", "key": "a/b/c/fwd", "samples": [1.0]})
+    with open(journal, "a") as out:
+        out.write('{"event": "done", "key": "a/b/c/bw')  # the writer was killed here
+    assert [e["key"] for e in measuring.read_journal(journal)] == ["a/b/c/fwd"]
+
+
+# A stand-in worker: by implementation name it measures, raises, aborts, hangs or dies
+# between parameter sets, as a faulting kernel would take the real worker down.
+FAKE_WORKER = textwrap.dedent("""
+    import json, os, sys, time
+    sys.path.insert(0, {here!r})
+    import measuring
+    journal, keys = sys.argv[1], json.load(open(sys.argv[2]))
+    measuring.append(journal, {{"event": "worker", "process_s": 0.0, "backend_s": 0.0}})
+    for text in keys:
+        impl = text.split("/")[1]
+        measuring.append(journal, {{"event": "start", "key": text}})
+        if impl == "hang":
+            time.sleep(3600)
+        if impl == "abort":
+            os.abort()
+        if impl == "raise":
+            measuring.append(journal, {{"event": "failed", "key": text,
+                                        "reason": "XlaRuntimeError: CUDA_ERROR_ILLEGAL_ADDRESS"}})
+            sys.exit(measuring.EXIT_AFTER_FAILURE)
+        measuring.append(journal, {{"event": "done", "key": text, "samples": [1e-3] * 10,
+                                    "stop": "pinned", "pid": os.getpid()}})
+""")
+
+
+@pytest.fixture
+def fake_worker(tmp_path: Path) -> list[str]:
+    script = tmp_path / "fake_worker.py"
+    script.write_text(FAKE_WORKER.format(here=str(Path(measuring.__file__).parent)))
+    return [sys.executable, str(script)]
+
+
+def _keys(*impls):
+    return [("op", impl, "case", "fwd") for impl in impls]
+
+
+def test_each_fault_costs_only_its_own_parameter_set(tmp_path: Path, fake_worker):
+    keys = _keys("a", "hang", "b", "abort", "c", "raise", "d")
+    journal = tmp_path / "op.jsonl"
+    started = time.monotonic()
+    records = measuring.ensure_measured(keys, journal, worker_command=fake_worker,
+                                        limit=lambda key: 2.0, poll_s=0.05, log=lambda _: None)
+    took = time.monotonic() - started
+    failed = {key[1]: record["reason"] for key, record in records.items()
+              if record["event"] == "failed"}
+    assert set(failed) == {"hang", "abort", "raise"}
+    assert "timed out" in failed["hang"] and "limit 2 s" in failed["hang"]
+    assert "SIGABRT" in failed["abort"]
+    assert "CUDA_ERROR_ILLEGAL_ADDRESS" in failed["raise"]
+    assert all(records[k]["event"] == "done" for k in _keys("a", "b", "c", "d"))
+    # a fresh worker after each fault: the parameter sets after a fault are not run by it
+    pids = {key[1]: records[key]["pid"] for key in _keys("a", "b", "c", "d")}
+    assert len({pids["a"], pids["b"], pids["c"], pids["d"]}) == 4
+    assert took < 15, f"the run took {took:.0f} s: the hang's limit was 2 s"
+
+
+def test_what_the_journal_holds_is_not_measured_again(tmp_path: Path, fake_worker):
+    journal = tmp_path / "op.jsonl"
+    measuring.append(journal, {"event": "done", "key": "op/a/case/fwd", "samples": [5.0],
+                               "pid": -1})
+    records = measuring.ensure_measured(_keys("a", "b"), journal, worker_command=fake_worker,
+                                        limit=lambda key: 30.0, poll_s=0.05, log=lambda _: None)
+    assert records[_keys("a")[0]]["pid"] == -1  # kept from the interrupted run
+    assert records[_keys("b")[0]]["event"] == "done"
+
+
+def test_a_worker_that_cannot_start_fails_every_key_once(tmp_path: Path):
+    records = measuring.ensure_measured(
+        _keys("a", "b"), tmp_path / "op.jsonl",
+        worker_command=[sys.executable, "-c", "import sys; sys.exit('no kernels here')"],
+        poll_s=0.05, log=lambda _: None)
+    assert all(r["event"] == "failed" and "did not start" in r["reason"]
+               and "no kernels here" in r["reason"] for r in records.values())
+
+
+def test_the_real_worker_measures_a_cpu_case(tmp_path: Path):
+    """The worker this file runs, on the `kernels` of this checkout: samples, phases, peak;
+    what cannot run here is skipped with the reason (the benchmark processes start no
+    backend to find out)."""
+    journal = tmp_path / "softmax.jsonl"
+    key = ("softmax", "xla", "f32-64x1000", "fwd")
+    cuda = ("softmax", "cuda", "f32-64x1000", "fwd")
+    records = measuring.ensure_measured([cuda, key], journal, log=lambda _: None)
+    assert records[cuda]["event"] == "skipped" and "GPU" in records[cuda]["reason"]
+    record = records[key]
+    assert record["event"] == "done", record
+    assert len(record["samples"]) >= measuring.CPU_SAMPLING.min_samples
+    assert record["method"] == "host-clock" and record["peak_bytes"] > 0
+    assert set(record["phases"]) == {"inputs", "compile", "warmup", "sampling", "memory",
+                                     "launch"}
+    worker = [e for e in measuring.read_journal(journal) if e["event"] == "worker"]
+    assert len(worker) == 1 and worker[0]["backend_s"] > 0
+    assert json.loads(journal.read_text().splitlines()[-1])["key"] == measuring.key_id(key)

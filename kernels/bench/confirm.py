@@ -1,0 +1,147 @@
+"""A slowdown confirmed before it fails the gate: base and head measured again, interleaved.
+
+A first pass (asv on the base, then on the head) can be fooled by what differs between two
+processes or two stretches of minutes: a throttled spell, a busy neighbour on a shared GPU,
+buffers placed differently. So each row the compare calls "slower" is measured again in
+`rounds` rounds of base and head alternately (B H, H B, B H, ...), every measurement a fresh
+worker process of the benchmark suite's own measuring code (perf_tests/measuring.py, this
+checkout's) over that commit's `kernels` (a `git archive` of the commit on PYTHONPATH, so
+both commits are at hand at once, as asv's one environment per run cannot give).
+
+The slowdown stands only if every round reads the head slower than its base by more than
+half the row's gap and the rounds' geometric mean exceeds the whole gap; otherwise the row
+becomes "same (not confirmed)". A real regression shows in every round; a process or a spell
+that happened to be slow shows in one. The per-round ratios go in the compare table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+ROUNDS = 3
+ROOT_VARIABLE = "KERNELPERF_CONFIRM_DIR"  # where commit trees and journals go (.asv/confirm)
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+def confirm_dir() -> pathlib.Path:
+    return pathlib.Path(os.environ.get(ROOT_VARIABLE, ".asv/confirm"))
+
+
+def source_tree(commit: str, root: pathlib.Path | None = None) -> pathlib.Path:
+    """A copy of `commit`'s files (git archive), made once and kept under confirm_dir()."""
+    root = root or confirm_dir()
+    target = root / "trees" / commit[:12]
+    if (target / "kernels").is_dir():
+        return target
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", "--format=tar", commit], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(partial)], input=archive, check=True)
+    os.replace(partial, target)
+    return target
+
+
+def class_names() -> dict[str, str]:
+    """asv class name -> operation name (perf_tests/benchmarks.py names a class after its
+    operation: softmax -> Softmax, row_sum -> RowSum)."""
+    from kernels.core import registry
+
+    return {"".join(part.title() for part in op.name.split("_")): op.name
+            for op in registry.operations()}
+
+
+def key_of(benchmark: str, params: Sequence[str], ops: dict[str, str]):
+    """(operation, implementation, case, direction) of a compare row."""
+    class_name = benchmark.split(".")[-2]
+    impl, case, direction = (p.strip("'") for p in params)
+    return ops[class_name], impl, case, direction
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    confirmed: bool
+    ratios: tuple[float, ...]  # head / base, per round
+    text: str
+
+
+def decide(ratios: Sequence[float], gap: float, rounds: int) -> Decision:
+    """Confirmed when every one of `rounds` rounds reads the head slower by more than half
+    the gap and their geometric mean by more than the gap (a missing round confirms
+    nothing, so the first pass's verdict stands: see `confirm`)."""
+    shown = " ".join(f"{r:.3f}" for r in ratios)
+    if len(ratios) < rounds:
+        return Decision(True, tuple(ratios), f"{shown} (re-measurement incomplete: "
+                                             f"{len(ratios)} of {rounds} rounds)".strip())
+    mean = math.exp(statistics.fmean(math.log(r) for r in ratios))
+    confirmed = min(ratios) > 1 + gap / 2 and mean > 1 + gap
+    return Decision(confirmed, tuple(ratios), f"{shown} (mean {mean:.3f})")
+
+
+def _median(samples: Sequence[float]) -> float:
+    return statistics.median(samples)
+
+
+def confirm(rows: list, base: str, head: str, *, rounds: int = ROUNDS,
+            log: Callable[[str], None] = _print, measure=None) -> list:
+    """`rows` with each "slower" time_ row measured again in `rounds` interleaved rounds of
+    base and head; a row not confirmed becomes "same (not confirmed)".
+
+    measure(commit, keys, journal) -> {key: record} takes one round's measurement of one
+    commit (default: measuring.ensure_measured in a worker over the commit's source tree).
+    """
+    flagged = [row for row in rows if row.verdict == "slower"
+               and row.benchmark.rsplit(".", 1)[-1].startswith("time_")]
+    if not flagged or rounds < 1:
+        return rows
+    ops = class_names()
+    keys = list(dict.fromkeys(key_of(row.benchmark, row.params, ops) for row in flagged))
+    measure = measure or _measure_in_tree
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    log(f"confirming {len(flagged)} slower row(s): {rounds} interleaved round(s) of "
+        f"{base[:8]} and {head[:8]}, {len(keys)} parameter set(s) each")
+    started = time.monotonic()
+    medians: dict[str, dict[tuple, list[float]]] = {base: {}, head: {}}
+    for index in range(rounds):
+        for commit in ((base, head) if index % 2 == 0 else (head, base)):
+            journal = confirm_dir() / "journals" / stamp / f"round{index + 1}-{commit[:12]}.jsonl"
+            log(f"  round {index + 1}: {commit[:8]}")
+            for key, record in measure(commit, keys, journal).items():
+                if record.get("event") == "done":
+                    medians[commit].setdefault(key, []).append(_median(record["samples"]))
+    log(f"confirmation took {time.monotonic() - started:.0f} s")
+    out = []
+    for row in rows:
+        if row not in flagged:
+            out.append(row)
+            continue
+        key = key_of(row.benchmark, row.params, ops)
+        pairs = list(zip(medians[base].get(key, []), medians[head].get(key, []), strict=False))
+        decision = decide([h / b for b, h in pairs], row.gap or 0.0, rounds)
+        out.append(dataclasses.replace(
+            row, confirmed=decision.text,
+            verdict=row.verdict if decision.confirmed else "same (not confirmed)"))
+    return out
+
+
+def _measure_in_tree(commit: str, keys: list, journal: pathlib.Path) -> dict:
+    """One round of one commit: this checkout's measuring worker over the commit's files."""
+    from perf_tests import measuring
+
+    tree = source_tree(commit)
+    path = os.pathsep.join(filter(None, [str(tree.resolve()), os.environ.get("PYTHONPATH")]))
+    return measuring.ensure_measured(keys, journal, python=sys.executable,
+                                     env={**os.environ, "PYTHONPATH": path})
