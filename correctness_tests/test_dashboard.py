@@ -297,3 +297,52 @@ def test_screenshot_mistakes_get_one_line(argv, line, capsys, tmp_path, monkeypa
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and line in err[0], (code, err)
     assert not (ROOT / "x.png").exists()
+
+
+def _published(html: Path, graphs: dict[tuple[str, str], dict[str, list]],
+               benchmarks: dict[str, list]) -> None:
+    """A published dashboard's index.json and graph files: `graphs` maps (machine, branch)
+    to {benchmark: [[revision, [value per flat parameter combination]], ...]}."""
+    from asv.graph import Graph
+
+    param_list = [{"machine": machine, "branch": branch} for machine, branch in graphs]
+    index = {"params": {"machine": sorted({m for m, _ in graphs}),
+                        "branch": list(dict.fromkeys(b for _, b in graphs))},
+             "graph_param_list": param_list,
+             "benchmarks": {name: {"params": params, "param_names": ["implementation", "case",
+                                                                     "direction"][:len(params)]}
+                            for name, params in benchmarks.items()}}
+    html.mkdir(parents=True, exist_ok=True)
+    (html / "index.json").write_text(json.dumps(index))
+    for params in param_list:
+        for name, rows in graphs[(params["machine"], params["branch"])].items():
+            path = html / f"{Graph.get_file_path(params, name)}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(rows))
+
+
+def test_default_filters_follow_each_benchmark_and_machine(tmp_path):
+    """Nothing assumes Softmax or one case: an operation with several cases and directions
+    opens, per machine, on the first case and direction that machine has points for (the
+    GPU's real size, the CPU's tiny case, backward only on the CPU), with every
+    implementation that has points there, on the branch with points on the most machines."""
+    attention = "benchmarks.Attention.time_device"
+    params = [["'cudnn'", "'pallas'", "'xla'"], ["'bf16-4x4096'", "'bf16-8x8192'", "'f32-2x64'"],
+              ["'fwd'", "'bwd'"]]
+
+    def values(points: dict[tuple[int, int, int], float]) -> list:
+        flat = [None] * 18  # 3 x 3 x 2, the last parameter fastest
+        for (i, c, d), value in points.items():
+            flat[(i * 3 + c) * 2 + d] = value
+        return flat
+
+    gpu = {attention: [[1, values({(0, 1, 0): 2.0, (1, 1, 0): 3.0})],
+                       [2, values({(0, 0, 0): 1.0, (1, 0, 0): 1.5, (0, 1, 0): 2.0})]]}
+    cpu = {attention: [[2, values({(2, 2, 1): 5.0, (1, 2, 1): 9.0})]]}
+    _published(tmp_path, {("h100", "main"): gpu, ("h100", "dash"): gpu,
+                           ("cpu", "dash"): cpu}, {attention: params, BENCHMARK: []})
+    defaults = dashboard.view_defaults(tmp_path)
+    assert defaults == {attention: {
+        "p-implementation": ["'cudnn'", "'pallas'", "'xla'"],
+        "p-case": ["'bf16-4x4096'", "'f32-2x64'"], "p-direction": ["'fwd'", "'bwd'"],
+        "branch": ["dash"]}}, defaults
