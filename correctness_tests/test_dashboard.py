@@ -35,7 +35,9 @@ def local_run(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("dashboard-local-run")
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], check=True,
                           capture_output=True, text=True).stdout.strip()
-    config = dashboard.asv_config(ROOT, tmp / "results", tmp / "html", env_dir=tmp / "env")
+    # Branch HEAD: a clone of another branch has no local main, which asv.conf.json names.
+    config = dashboard.asv_config(ROOT, tmp / "results", tmp / "html", branches=["HEAD"],
+                                  env_dir=tmp / "env")
     # HOME: asv's machine file; the filters: two implementations (two series), one direction.
     env = {**os.environ, "HOME": str(tmp), "KERNELPERF_BENCH_IMPLS": "xla,torch",
            "KERNELPERF_BENCH_DIRECTIONS": "fwd"}
