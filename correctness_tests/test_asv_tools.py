@@ -385,3 +385,17 @@ def test_the_default_gap_is_the_readmes():
     readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
     (percent,) = re.findall(r"(\d+)% \(`--min-gap`\)", readme)
     assert asv_tools.DEFAULT_MIN_GAP == pytest.approx(int(percent) / 100)
+
+
+def test_noise_floor_runs_only_the_timed_benchmarks():
+    """Floors are learned for time_ rows alone, so `noise-floor` asks asv for no track_ row
+    (they were most of each run's processes); BENCH narrows within the time_ methods."""
+    import re
+
+    from kernels.cli.bench import floor_regex
+
+    names = ["benchmarks.Softmax.time_device", "benchmarks.Softmax.track_gbps",
+             "benchmarks.Softmax.track_peak_memory", "benchmarks.Matmul.time_device"]
+    for bench, wanted in ((None, [names[0], names[3]]), ("Softmax", [names[0]]),
+                          (r"Softmax\.track_gbps", []), ("Matmul|Softmax", [names[0], names[3]])):
+        assert [n for n in names if re.search(floor_regex(bench), n)] == wanted, bench

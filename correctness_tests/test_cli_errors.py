@@ -218,3 +218,21 @@ def test_the_process_prints_no_traceback():
         "python -m kernels check: error: unknown operation 'nosuchop'; known: ['attention', "
         "'matmul', 'mlp', 'moe', 'row_sum', 'sharded_matmul', 'sharded_vmap', 'softmax', "
         "'transformer_block']"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--m", "-5"], ["--m", ">= 1", "'-5'"]),
+    (["--k", "0"], ["--k", ">= 1", "'0'"]),
+    (["--mesh", "3"], ["--mesh 3", "DATAxMODEL"]),
+    (["--m", "100", "--mesh", "1x8"], ["--mesh 1x8", "divisible by data*model = 8"]),
+])
+def test_overlap_script_mistakes_get_one_line(argv, words, capsys):
+    """The overlap script's mistakes (`--m -5` was a traceback): one line, exit 2."""
+    from kernels.ops.sharded_matmul import overlap
+
+    try:
+        code = overlap.main(argv)
+    except SystemExit as stop:  # argparse's own exit
+        code = stop.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and all(w in err[0] for w in words), (code, err)

@@ -1,47 +1,52 @@
-"""The asv dashboard draws a benchmark's graph: a tiny real asv run on this machine's CPU,
-published by kernels.bench.dashboard, opened in headless chromium (no network needed)."""
+"""The asv dashboard shows what was recorded: a tiny real asv run on this machine's CPU,
+published by kernels.bench.dashboard alone and on top of the shipped GPU results, opened in
+headless chromium (no network needed); and the merge of results folders that `make dashboard`
+publishes from."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from kernels.bench import dashboard
+from kernels.bench import asv_tools, dashboard
 
 BENCHMARK = "benchmarks.Softmax.time_device"
+LOCAL_MACHINE = "dashboard-test"
+ROOT = dashboard.ROOT
+# asv.js's series colours, in the order flot hands them to the series of a graph.
+ASV_COLORS = ((0x24, 0x7A, 0xAD), (0xE2, 0x4A, 0x33), (0x98, 0x8E, 0xD5), (0x77, 0x77, 0x77),
+              (0xFB, 0xC1, 0x5E), (0x8E, 0xBA, 0x42), (0xFF, 0xB5, 0xB8))
 
 
-@pytest.fixture
-def tiny_results():
-    """asv results of Softmax.time_device (xla and torch, forward, the CPU bench
-    case), recorded by
-    `asv run --python=same` for a one-commit scratch repository; deleted afterwards."""
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory) -> Path:
+    """asv results of Softmax.time_device (xla and torch, forward, the CPU bench case) on this
+    machine, as a plain `asv run --python=same` records them (no dashboard metrics, so its
+    benchmark list lacks them), labelled with this checkout's HEAD, so they publish beside the
+    shipped GPU results, whose commits are in HEAD's history."""
     reason = dashboard.unavailable_reason()
     if reason:
         pytest.skip(reason)
-    with tempfile.TemporaryDirectory(prefix="kernelperf-dashboard-test-") as tmp:
-        tmp = Path(tmp)
-        repo = tmp / "repo"
-        git = ["git", "-c", "user.name=kernelperf", "-c", "user.email=kernelperf@localhost"]
-        subprocess.run([*git, "init", "-q", "-b", "main", str(repo)], check=True)
-        subprocess.run([*git, "-C", str(repo), "commit", "-q", "--allow-empty", "-m", "one"],
-                       check=True)
-        commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True,
-                                capture_output=True, text=True).stdout.strip()
-        config = dashboard.asv_config(repo, tmp / "results", tmp / "html", env_dir=tmp / "env")
-        # HOME: asv's machine file; the filters: two implementations (two series), one direction.
-        env = {**os.environ, "HOME": str(tmp), "KERNELPERF_BENCH_IMPLS": "xla,torch",
-               "KERNELPERF_BENCH_DIRECTIONS": "fwd"}
-        dashboard.run_asv(config, "machine", "--yes", "--machine", "dashboard-test", env=env)
-        dashboard.run_asv(config, "run", "--python=same", "--set-commit-hash", commit,
-                          "--machine", "dashboard-test", "--bench", r"Softmax\.time_device",
-                          "--quick", "--show-stderr", env=env)
-        yield tmp, repo
+    tmp = tmp_path_factory.mktemp("dashboard-local-run")
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    # Branch HEAD: a clone of another branch has no local main, which asv.conf.json names.
+    config = dashboard.asv_config(ROOT, tmp / "results", tmp / "html", branches=["HEAD"],
+                                  env_dir=tmp / "env")
+    # HOME: asv's machine file; the filters: two implementations (two series), one direction.
+    env = {**os.environ, "HOME": str(tmp), "KERNELPERF_BENCH_IMPLS": "xla,torch",
+           "KERNELPERF_BENCH_DIRECTIONS": "fwd"}
+    env.pop(asv_tools.DASHBOARD_VARIABLE, None)
+    dashboard.run_asv(config, "machine", "--yes", "--machine", LOCAL_MACHINE, env=env)
+    dashboard.run_asv(config, "run", "--python=same", "--set-commit-hash", head,
+                      "--machine", LOCAL_MACHINE, "--bench", r"Softmax\.time_device",
+                      "--quick", "--show-stderr", env=env)
+    return tmp / "results"
 
 
 def _number(text: str) -> bool:
@@ -52,43 +57,167 @@ def _number(text: str) -> bool:
     return True
 
 
-def test_published_dashboard_draws_the_benchmark_graph(tiny_results, tmp_path):
-    tmp, repo = tiny_results
+def _color_pixels(png: Path, color: tuple[int, int, int]) -> int:
+    from matplotlib import image
+
+    rgb = (image.imread(str(png))[..., :3] * 255).round().astype(int)
+    return int(np.all(np.abs(rgb - color) <= 8, axis=-1).sum())
+
+
+def test_published_dashboard_draws_the_benchmark_graph(local_run, tmp_path):
     png = tmp_path / "softmax_time_device.png"  # kept under pytest's basetemp to look at
-    facts = dashboard.screenshot(tmp / "results", BENCHMARK, png, html_dir=tmp / "html",
-                                 repo=repo)
+    html = tmp_path / "html"
+    facts = dashboard.screenshot(local_run, BENCHMARK, png, html_dir=html, repo=ROOT,
+                                 branches=["HEAD"])
     assert not facts.error_page, "asv's page fell back to error.html: a script did not load"
     assert facts.canvases >= 2, f"no flot canvases in #main-graph: {facts}"
-    assert sorted(facts.legend) == ["implementation-torch", "implementation-xla"], facts
+    # One machine: the labels are the implementations, one per series with points.
+    assert sorted(label for label, points in facts.series if points) == ["torch", "xla"], facts
+    assert sorted(facts.legend) == ["torch", "xla"], facts
     assert len([label for label in facts.tick_labels if _number(label)]) >= 2, facts
-    assert facts.drawn
+    assert facts.drawn and facts.axes[0] == "commit", facts
     # The points themselves, in asv's first series colour, not just axes and legend.
     assert dashboard.series_pixels(png) > 20
 
     # Every script and style sheet from a local copy: the page needs no network.
-    index = (tmp / "html" / "index.html").read_text()
+    index = (html / "index.html").read_text()
     assert "https://cdn" not in index and "code.jquery.com" not in index
+    assert f'src="{dashboard.SCRIPT_NAME}"' in index
     for name in [*dashboard.VENDOR, *dashboard.SHIMS]:
-        assert (tmp / "html" / "vendor" / name).is_file(), name
+        assert (html / "vendor" / name).is_file(), name
 
 
-def _results_folder(root: Path, machine: str, params: list, version: str) -> Path:
+def _graph_points(html: Path, index: dict, benchmark: str) -> dict[tuple[str, str], list]:
+    """(branch, machine) -> the published graph's rows [revision, values per combination]."""
+    from asv.graph import Graph
+
+    graphs: dict[tuple[str, str], list] = {}
+    for params in index["graph_param_list"]:
+        path = html / f"{Graph.get_file_path(params, benchmark)}.json"
+        if path.is_file():
+            graphs[(params.get("branch"), params["machine"])] = json.loads(path.read_text())
+    return graphs
+
+
+def _default_view_points(html: Path) -> dict[str, dict[str, int]]:
+    """Per benchmark and machine, the points of the graph's default view: the published
+    graphs read at the combinations the defaults in index.json select."""
+    index = json.loads((html / "index.json").read_text())
+    defaults = index.get("kernelperf", {}).get("defaults", {})
+    found: dict[str, dict[str, int]] = {}
+    for name, entry in index["benchmarks"].items():
+        chosen = defaults.get(name, {})
+        params, names = entry["params"], entry["param_names"]
+        selected = [[i for i, value in enumerate(values)
+                     if value in chosen.get(f"p-{names[k]}", values)]
+                    for k, values in enumerate(params)]
+        flat = [0]
+        for k, values in enumerate(params):  # asv's flat order: the last parameter fastest
+            flat = [f * len(values) + i for f in flat for i in selected[k]]
+        for (branch, machine), rows in _graph_points(html, index, name).items():
+            if branch not in chosen.get("branch", [branch]):
+                continue
+            count = sum(1 for _, values in rows for i in flat
+                        if isinstance(values, list) and values[i] is not None)
+            found.setdefault(name, {})[machine] = found.get(name, {}).get(machine, 0) + count
+    return found
+
+
+def test_local_run_keeps_every_shipped_result_in_view(local_run, tmp_path):
+    """`make dashboard` after a local run: the local benchmark list was written by other
+    benchmark code (another version) and names no dashboard metric; every shipped machine's
+    time_device points are still drawn beside this machine's, and every graph opens on
+    filters with points for each machine that has any."""
+    local = tmp_path / "local"
+    subprocess.run(["cp", "-r", str(local_run), str(local)], check=True)
+    listing = json.loads((local / "benchmarks.json").read_text())
+    assert GBPS not in listing, "a plain run lists no dashboard metric"
+    listing[BENCHMARK]["version"] = "edited-here"  # as a local edit of the benchmark makes it
+    (local / "benchmarks.json").write_text(json.dumps(listing))
+    shipped = sorted(p.name for p in dashboard.SHIPPED_RESULTS.iterdir()
+                     if (p / "machine.json").is_file())
+    assert shipped, "the repository ships GPU results"
+
+    combined = tmp_path / "combined"
+    lines = dashboard.combine_results([dashboard.SHIPPED_RESULTS, local], combined)
+    assert any("recorded by other benchmark code" in line for line in lines), lines
+    html = tmp_path / "html"
+    png = tmp_path / "after_local_run.png"
+    facts = dashboard.screenshot(combined, BENCHMARK, png, html_dir=html, repo=ROOT,
+                                 branches=["HEAD"])
+    drawn = {label.split(" · ")[0] for label, points in facts.series if points}
+    assert set(shipped) | {LOCAL_MACHINE} <= drawn, facts
+    assert facts.hidden_empty >= 0 and all(points for _, points in facts.series), facts
+    assert set(facts.legend) == {label for label, _ in facts.series}, facts
+    # The commit axis names commits: each shipped result's commit is a tick.
+    commits = {json.loads(path.read_text())["commit_hash"][:8]
+               for path in dashboard.SHIPPED_RESULTS.glob("*/*.json")
+               if path.name != "machine.json"}
+    assert commits <= set(facts.tick_labels), facts.tick_labels
+    # Device time in us or ms (on a log scale when a CPU's milliseconds sit beside a GPU's
+    # microseconds), never asv's "microseconds" with e-notation ticks.
+    assert facts.axes[1].split(",")[0] in ("µs", "ms", "s"), facts
+    assert not [t for t in facts.tick_labels if "e+" in t or "e-" in t], facts
+
+    # Every graph's default view has points on each machine that has any for it.
+    index = json.loads((html / "index.json").read_text())
+    defaults = _default_view_points(html)
+    for name in index["benchmarks"]:
+        for (branch, machine), rows in _graph_points(html, index, name).items():
+            if any(v is not None for _, values in rows for v in values or []):
+                assert defaults.get(name, {}).get(machine, 0) > 0, (name, branch, machine)
+
+    # A metric recorded only on a GPU draws in plain numbers (no 4.00e+3).
+    gbps = dashboard.render(html, "benchmarks.Softmax.track_gbps", tmp_path / "gbps.png")
+    gbps_facts = dashboard.graph_facts(gbps)
+    assert gbps_facts.drawn and gbps_facts.axes[1] == "GB/s", gbps_facts
+    assert not [t for t in gbps_facts.tick_labels if "e+" in t or "e-" in t], gbps_facts
+
+    # Bars per implementation: each machine's bar of a slot beside the others, none hidden:
+    # every series' fill (flot: its colour at 40% over white) covers a good area.
+    bars_png = tmp_path / "bars.png"
+    bars = dashboard.graph_facts(dashboard.render(
+        html, BENCHMARK, bars_png, params={"x-axis": "implementation"}))
+    assert bars.drawn and bars.axes[0] == "implementation", bars
+    for color, (label, _) in zip(ASV_COLORS, bars.series, strict=False):
+        fill = tuple(round(255 - 0.4 * (255 - c)) for c in color)
+        assert _color_pixels(bars_png, fill) > 1000, (label, fill, bars)
+
+
+def _results_folder(root: Path, machine: str, listing: dict,
+                    results: dict[str, dict[str, tuple]]) -> Path:
+    """An asv results folder: `listing` as benchmarks.json, and per commit a result file whose
+    rows are benchmark -> (params, version, started_at)."""
     (root / machine).mkdir(parents=True)
     (root / machine / "machine.json").write_text(json.dumps({"machine": machine, "version": 1}))
-    (root / machine / "c0ffee-env.json").write_text("{}")
-    benchmarks = {BENCHMARK: {"name": BENCHMARK, "params": params, "version": version},
-                  "version": 2}
-    (root / "benchmarks.json").write_text(json.dumps(benchmarks))
+    for commit, rows in results.items():
+        (root / machine / f"{commit}-env.json").write_text(json.dumps({
+            "commit_hash": commit, "params": {"machine": machine}, "version": 2,
+            "result_columns": ["result", "params", "version", "started_at"],
+            "results": {name: [[1.0] * len(params[0]), params, version, started]
+                        for name, (params, version, started) in rows.items()}}))
+    (root / "benchmarks.json").write_text(json.dumps({**listing, "version": 2}))
     return root
+
+
+def _entry(params: list, version: str, name: str = BENCHMARK) -> dict:
+    return {"name": name, "params": params, "version": version,
+            "param_names": ["implementation", "case", "direction"]}
+
+
+GPU_PARAMS = [["'pallas'", "'xla'"], ["'f32-32768x4096'"], ["'fwd'"]]
+CPU_PARAMS = [["'pallas'", "'torch'"], ["'f32-64x1000'"], ["'fwd'"]]
+GBPS = "benchmarks.Softmax.track_gbps"
 
 
 def test_dashboard_publishes_shipped_and_local_results_together(tmp_path):
     """`make dashboard`: the GPU results the repository ships and this machine's CPU results in
     one published folder, each benchmark's parameters the union of both."""
     shipped = _results_folder(tmp_path / "shipped", "nvidia-h100-80gb-hbm3",
-                              [["'pallas'", "'xla'"], ["'f32-32768x4096'"], ["'fwd'"]], "v1")
-    local = _results_folder(tmp_path / "local", "amd-epyc",
-                            [["'pallas'", "'torch'"], ["'f32-64x1000'"], ["'fwd'"]], "v1")
+                              {BENCHMARK: _entry(GPU_PARAMS, "1")},
+                              {"c0ffee": {BENCHMARK: (GPU_PARAMS, "1", 10)}})
+    local = _results_folder(tmp_path / "local", "amd-epyc", {BENCHMARK: _entry(CPU_PARAMS, "1")},
+                            {"beef": {BENCHMARK: (CPU_PARAMS, "1", 20)}})
     lines = dashboard.combine_results([shipped, tmp_path / "absent", local], tmp_path / "both")
     assert sorted(p.name for p in (tmp_path / "both").iterdir()) == [
         "amd-epyc", "benchmarks.json", "nvidia-h100-80gb-hbm3"]
@@ -96,10 +225,128 @@ def test_dashboard_publishes_shipped_and_local_results_together(tmp_path):
     merged = json.loads((tmp_path / "both" / "benchmarks.json").read_text())
     assert merged[BENCHMARK]["params"] == [["'pallas'", "'xla'", "'torch'"],
                                            ["'f32-32768x4096'", "'f32-64x1000'"], ["'fwd'"]]
-    assert len(lines) == 2 and "not shown" not in " ".join(lines)
-    # Results recorded by other benchmark code are left out by asv: said, not silent.
-    (local / "benchmarks.json").write_text(json.dumps(
-        {BENCHMARK: {"name": BENCHMARK, "params": [["'xla'"], ["'f32-64x1000'"], ["'fwd'"]],
-                     "version": "v2"}}))
+    assert len(lines) == 2 and "not shown" not in " ".join(lines), lines
+
+
+def test_results_of_other_benchmark_versions_are_shown_per_machine(tmp_path):
+    """A local list under another version (a benchmark edited here) hides no shipped result:
+    each machine shows its newest run's version; that machine's older versions stay hidden,
+    and both are said."""
+    shipped = _results_folder(tmp_path / "shipped", "nvidia-h200",
+                              {BENCHMARK: _entry(GPU_PARAMS, "1")},
+                              {"c0ffee": {BENCHMARK: (GPU_PARAMS, "1", 10)}})
+    local = _results_folder(tmp_path / "local", "amd-epyc", {BENCHMARK: _entry(CPU_PARAMS, "2")},
+                            {"beef": {BENCHMARK: (CPU_PARAMS, "2", 30)},
+                             "dead": {BENCHMARK: (CPU_PARAMS, "1", 20)}})
     lines = dashboard.combine_results([shipped, local], tmp_path / "both")
-    assert lines[0].endswith(f"not shown, recorded by other code: {BENCHMARK}")
+
+    def stored_version(machine: str, commit: str) -> str:
+        result = json.loads((tmp_path / "both" / machine / f"{commit}-env.json").read_text())
+        return result["results"][BENCHMARK][2]
+
+    assert stored_version("nvidia-h200", "c0ffee") == "2"  # shown under the merged version
+    assert stored_version("amd-epyc", "beef") == "2"
+    assert stored_version("amd-epyc", "dead") == "1"  # older than this machine's newest: hidden
+    assert f"nvidia-h200: {BENCHMARK} recorded by other benchmark code (version 1, this " \
+           "list's 2): shown" in lines, lines
+    assert any(line.startswith("amd-epyc: 1 older result(s)") for line in lines), lines
+    # The shipped files themselves are untouched.
+    original = json.loads((shipped / "nvidia-h200" / "c0ffee-env.json").read_text())
+    assert original["results"][BENCHMARK][2] == "1"
+
+
+def test_dashboard_metrics_survive_a_plain_asv_run(tmp_path):
+    """`python -m kernels bench` lists the dashboard metrics; a plain `asv run` rewrites asv's
+    list without them. The kept list still names them, and results' own parameters (a case no
+    list names) are shown too."""
+    results = tmp_path / "results"
+    _results_folder(results, "amd-epyc",
+                    {BENCHMARK: _entry(CPU_PARAMS, "1"), GBPS: _entry(CPU_PARAMS, "1", GBPS)},
+                    {"beef": {GBPS: (CPU_PARAMS, "1", 10)}})
+    kept = tmp_path / "kept.json"
+    dashboard.keep_benchmark_list(results, kept)
+    wider = [CPU_PARAMS[0], ["'f32-64x1000'", "'f32-8x128'"], CPU_PARAMS[2]]
+    (results / "benchmarks.json").write_text(json.dumps({BENCHMARK: _entry(CPU_PARAMS, "1"),
+                                                          "version": 2}))
+    (results / "amd-epyc" / "beef-env.json").write_text(json.dumps({
+        "commit_hash": "beef", "params": {"machine": "amd-epyc"}, "version": 2,
+        "result_columns": ["result", "params", "version", "started_at"],
+        "results": {GBPS: [[1.0, 2.0, 3.0, 4.0], wider, "1", 10],
+                    BENCHMARK: [[1.0, 2.0], CPU_PARAMS, "1", 10]}}))
+    dashboard.keep_benchmark_list(results, kept)  # the plain run's list merged, metrics kept
+    lines = dashboard.combine_results([results], tmp_path / "both", lists=(kept,))
+    merged = json.loads((tmp_path / "both" / "benchmarks.json").read_text())
+    assert GBPS in merged and "not in any benchmark list" not in " ".join(lines), lines
+    assert merged[GBPS]["params"][1] == ["'f32-64x1000'", "'f32-8x128'"], merged[GBPS]
+    # Without the kept list, the metric is named as not shown.
+    lines = dashboard.combine_results([results], tmp_path / "both")
+    assert lines[-1] == f"not in any benchmark list, not shown: {GBPS}", lines
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["no/such/dir", "Softmax.time_device", "--png", "x.png"],
+     "results_dir: expected an asv results folder (benchmarks.json and machine folders), got "
+     "'no/such/dir', which does not exist"),
+    ([str(dashboard.SHIPPED_RESULTS), "NoSuch.time_device", "--png", "x.png"],
+     "benchmark: expected one of "),
+    ([str(dashboard.SHIPPED_RESULTS), "Softmax.time_device", "--png", "x.png", "--size", "9x"],
+     "--size: expected WIDTHxHEIGHT"),
+    ([str(dashboard.SHIPPED_RESULTS), "Softmax.time_device", "--png", "x.png", "--param", "x"],
+     "--param: expected KEY=VALUE"),
+    (["perf_tests"], "results_dir, benchmark and --png: expected all three"),
+])
+def test_screenshot_mistakes_get_one_line(argv, line, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    code = dashboard.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and line in err[0], (code, err)
+    assert not (ROOT / "x.png").exists()
+
+
+def _published(html: Path, graphs: dict[tuple[str, str], dict[str, list]],
+               benchmarks: dict[str, list]) -> None:
+    """A published dashboard's index.json and graph files: `graphs` maps (machine, branch)
+    to {benchmark: [[revision, [value per flat parameter combination]], ...]}."""
+    from asv.graph import Graph
+
+    param_list = [{"machine": machine, "branch": branch} for machine, branch in graphs]
+    index = {"params": {"machine": sorted({m for m, _ in graphs}),
+                        "branch": list(dict.fromkeys(b for _, b in graphs))},
+             "graph_param_list": param_list,
+             "benchmarks": {name: {"params": params, "param_names": ["implementation", "case",
+                                                                     "direction"][:len(params)]}
+                            for name, params in benchmarks.items()}}
+    html.mkdir(parents=True, exist_ok=True)
+    (html / "index.json").write_text(json.dumps(index))
+    for params in param_list:
+        for name, rows in graphs[(params["machine"], params["branch"])].items():
+            path = html / f"{Graph.get_file_path(params, name)}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(rows))
+
+
+def test_default_filters_follow_each_benchmark_and_machine(tmp_path):
+    """Nothing assumes Softmax or one case: an operation with several cases and directions
+    opens, per machine, on the first case and direction that machine has points for (the
+    GPU's real size, the CPU's tiny case, backward only on the CPU), with every
+    implementation that has points there, on the branch with points on the most machines."""
+    attention = "benchmarks.Attention.time_device"
+    params = [["'cudnn'", "'pallas'", "'xla'"], ["'bf16-4x4096'", "'bf16-8x8192'", "'f32-2x64'"],
+              ["'fwd'", "'bwd'"]]
+
+    def values(points: dict[tuple[int, int, int], float]) -> list:
+        flat = [None] * 18  # 3 x 3 x 2, the last parameter fastest
+        for (i, c, d), value in points.items():
+            flat[(i * 3 + c) * 2 + d] = value
+        return flat
+
+    gpu = {attention: [[1, values({(0, 1, 0): 2.0, (1, 1, 0): 3.0})],
+                       [2, values({(0, 0, 0): 1.0, (1, 0, 0): 1.5, (0, 1, 0): 2.0})]]}
+    cpu = {attention: [[2, values({(2, 2, 1): 5.0, (1, 2, 1): 9.0})]]}
+    _published(tmp_path, {("h100", "main"): gpu, ("h100", "dash"): gpu,
+                           ("cpu", "dash"): cpu}, {attention: params, BENCHMARK: []})
+    defaults = dashboard.view_defaults(tmp_path)
+    assert defaults == {attention: {
+        "p-implementation": ["'cudnn'", "'pallas'", "'xla'"],
+        "p-case": ["'bf16-4x4096'", "'f32-2x64'"], "p-direction": ["'fwd'", "'bwd'"],
+        "branch": ["dash"]}}, defaults

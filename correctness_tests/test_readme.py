@@ -7,7 +7,11 @@ temporary folder, gives it an empty home directory, and runs every command of th
 Commands labelled `# GPU`/`# GPUs` (need a CUDA GPU) or `# needs ...` (a remote host) are
 not run; `NOT_RUN` names the others left out and why.
 asv runs are narrowed to `KERNELPERF_BENCH_IMPLS=xla` (the README's own knob) to keep CI short.
-Servers (`make dashboard`, `make xprof-serve`) count as working once they answer over HTTP.
+Servers (`make dashboard`, `make xprof-serve`) count as working once they answer over HTTP;
+`make dashboard` must also list every shipped GPU machine and draw their time_device points.
+Each command's output is read as it comes: the table at the end gives its exit status, wall
+time and longest silence (no output at all), and a silence over SILENCE_LIMIT_S (scaled by
+the machine's load, as other processes stretch it) fails the check, as does a traceback.
 At the end the clone must have no untracked files: outputs go to ignored folders.
 """
 
@@ -17,7 +21,9 @@ import dataclasses
 import json
 import os
 import re
+import selectors
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -41,19 +47,18 @@ NOT_RUN = {
     **{f"python -m kernels.bench.history {step}": _NIGHTLY
        for step in ("fetch", "run", "push", "fetch publish", "deploy")},
     "python -m asv preview": "serves on 8080 until stopped; `make dashboard` is checked",
-    "KERNELPERF_BENCH_IMPLS=pallas KERNELPERF_BENCH_CASES=f32-32768x4096 "
-    "KERNELPERF_BENCH_DIRECTIONS=fwd python -m asv find main~8..main 'Softmax\\.time_device'":
-        "a GPU case (f32-32768x4096); perf_tests/asv_find_planted.py checks asv find on CPU",
-    "python -m kernels gate-power": "asv continuous on 16 plants in a scratch clone: hours on a "
-                                    "CPU; its narrowed form below runs",
 }
 # Commands whose exit 1 is a verdict, not a failure to run: the last line that marks the verdict.
-# gate-power on a shared CPU (samples' CV ~20%) misses a 5% plant and may call an A/A change
-# noisy; it works as shown when it gets to its verdict.
-VERDICTS = {"python -m kernels gate-power --families triton --sizes 5% --trials 1 --aa-trials 1":
-            re.compile(r"^gate-power: (FAILED for|every plant)")}
+# gate-power on a shared CPU (the host clock's noise) may miss its plant or call a control row
+# slower; it works as shown when it gets to its verdict.
+VERDICTS = {"python -m kernels gate-power --families xla --ops softmax --sizes 50% --trials 1 "
+            "--confirm-rounds 1": re.compile(r"^gate-power: (FAILED for|every plant)")}
 # Commands that serve until stopped: (what they print once serving, the path to fetch).
 SERVERS = {"make dashboard": ("Serving at", "index.json"), "make xprof-serve": ("xprof", "")}
+# No command may print nothing for longer than this on an idle machine (progress per item or
+# per phase); the limit grows with the load average per core, other users' processes
+# stretching every silence alike.
+SILENCE_LIMIT_S = 10.0
 COMMAND_TIMEOUT_S = 900
 SERVER_START_S = 120
 
@@ -97,6 +102,10 @@ def test_readme_commands_are_parsed_and_gpu_ones_labelled():
                     "BENCH=Softmax.time_device PNG=traces/softmax.png "
                     "XAXIS=implementation"].label == "cpu"
     for gpu_only in ("python3 -m pytest -m gpu", "python3 -m kernels.ops.sharded_matmul.overlap",
+                     "python -m kernels gate-power",
+                     "KERNELPERF_BENCH_IMPLS=pallas KERNELPERF_BENCH_CASES=f32-32768x4096 "
+                     "KERNELPERF_BENCH_DIRECTIONS=fwd python -m asv find main~8..main "
+                     "'Softmax\\.time_device'",
                      "python -m kernels profile softmax --impl xla --impl pallas "
                      "--case f32-32768x4096 --top 8",
                      'make roofline op=softmax dims="rows=4096 cols=1024,4096,16384" dtype=bf16',
@@ -104,6 +113,10 @@ def test_readme_commands_are_parsed_and_gpu_ones_labelled():
                      "seq-lengths=128,256,512,1024,2048,4096"):
         assert commands[gpu_only].label == "gpu", gpu_only
     assert commands["make download-traces h=user@gpu-box k=~/.ssh/id"].label == "needs"
+    # Their CPU-sized forms are run by the check.
+    assert commands["KERNELPERF_BENCH_IMPLS=xla KERNELPERF_BENCH_CASES=f32-64x1000 "
+                    "KERNELPERF_BENCH_DIRECTIONS=fwd python -m asv find main~2..main "
+                    "'Softmax\\.time_device'"].label == "cpu"
     assert set(NOT_RUN) | set(VERDICTS) <= set(commands), \
         "NOT_RUN or VERDICTS names a command the README no longer shows"
 
@@ -167,13 +180,87 @@ def _environment(home: Path) -> dict[str, str]:
            if not key.startswith(("KERNELPERF_BENCH", "PYTEST_", "ASV"))}
     env.update(HOME=str(home), PATH=f"{Path(sys.prefix) / 'bin'}:{env.get('PATH', '')}",
                KERNELPERF_BENCH_IMPLS="xla", DASHBOARD_PORT=str(_free_port()),
-               XPROF_PORT=str(_free_port()))
+               XPROF_PORT=str(_free_port()), PYTHONUNBUFFERED="1")
     return env
 
 
-def _serve(command: Command, clone: Path, env: dict, shipped: list[str]) -> tuple[bool, str]:
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One command's run: how it ended, what it printed, and its longest silence."""
+
+    returncode: int | None  # None: stopped at the time limit
+    output: str  # stdout and stderr, as they came
+    seconds: float
+    silence_s: float  # the longest stretch with no output at all (start and exit included)
+    silence_at: str  # where that was: "start", "before <line>" or "before exit"
+
+    def limit_exceeded(self, limit: float) -> bool:
+        return self.silence_s > limit
+
+
+def run_command(text: str, cwd: Path, env: dict[str, str], timeout: float) -> Run:
+    """`bash -c text`, its output read as it comes (a chunk, even a progress bar's carriage
+    return, ends a silence); the whole process group stopped at `timeout`."""
+    process = subprocess.Popen(["bash", "-c", text], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    selector = selectors.DefaultSelector()
+    selector.register(process.stdout, selectors.EVENT_READ)
+    start = last = time.monotonic()
+    chunks: list[bytes] = []
+    silence, silence_at = 0.0, "start"
+    timed_out = False
+    while True:
+        now = time.monotonic()
+        if now - start > timeout:
+            os.killpg(process.pid, signal.SIGKILL)
+            timed_out = True
+            break
+        if not selector.select(timeout=1.0):
+            continue
+        chunk = os.read(process.stdout.fileno(), 65536)
+        now = time.monotonic()
+        if not chunk:
+            break
+        if now - last > silence:
+            said = [line for line in chunk.decode(errors="replace").replace("\r", "\n")
+                    .splitlines() if line.strip()]
+            silence, silence_at = now - last, f"before {said[0][:80]!r}" if said else "?"
+        last = now
+        chunks.append(chunk)
+    returncode = process.wait()
+    end = time.monotonic()
+    if not timed_out and end - last > silence:
+        silence, silence_at = end - last, "before exit"
+    selector.close()
+    process.stdout.close()
+    return Run(None if timed_out else returncode, b"".join(chunks).decode(errors="replace"),
+               end - start, silence, silence_at)
+
+
+def silence_limit() -> float:
+    """SILENCE_LIMIT_S, stretched by the load average per core above 1 (other engineers'
+    processes on a shared machine)."""
+    return SILENCE_LIMIT_S * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
+def _drawn_machines(port: str, benchmark: str) -> set[str] | None:
+    """The machines whose series have points in `benchmark`'s default view of the dashboard
+    served on `port` (headless chromium); None where chromium is missing."""
+    from kernels.bench import dashboard
+
+    if dashboard.browser() is None:
+        return None
+    facts = dashboard.graph_facts(dashboard._chromium(
+        dashboard.page_url(f"http://127.0.0.1:{port}/", benchmark), "--dump-dom",
+        size=(1400, 900), budget_ms=10000, timeout=60))
+    return {label.split(" · ")[0] for label, points in facts.series if points}
+
+
+def _serve(command: Command, clone: Path, env: dict, shipped: list[str],
+           local: str | None = None) -> tuple[bool, str]:
     """Start a server command; working once it answers over HTTP (or, missing its tool, says
-    so in one line); stopped afterwards."""
+    so in one line); stopped afterwards. `make dashboard` must list every shipped machine
+    (and `local`, this machine, once it has results) and draw their time_device points."""
     ready, path = SERVERS[command.text]
     port = env["DASHBOARD_PORT"] if command.text == "make dashboard" else env["XPROF_PORT"]
     process = subprocess.Popen(["bash", "-c", command.text], cwd=clone, env=env, text=True,
@@ -190,12 +277,17 @@ def _serve(command: Command, clone: Path, env: dict, shipped: list[str]) -> tupl
                     break
                 time.sleep(2)
                 continue
-            if command.text == "make dashboard":
-                machines = json.loads(body)["params"]["machine"]
-                missing = sorted(set(shipped) - set(machines))
-                return not missing, f"served; machines {machines}" + (
-                    f"; MISSING shipped {missing}" if missing else "")
-            return True, "served"
+            if command.text != "make dashboard":
+                return True, "served"
+            wanted = set(shipped) | ({local} if local else set())
+            machines = json.loads(body)["params"]["machine"]
+            drawn = _drawn_machines(port, "benchmarks.Softmax.time_device")
+            missing = sorted(wanted - set(machines))
+            undrawn = sorted(wanted - drawn) if drawn is not None else []
+            return not missing and not undrawn, (
+                f"served; machines {machines}" + (f"; MISSING {missing}" if missing else "") +
+                ("" if drawn is None else f"; time_device points drawn for {sorted(drawn)}") +
+                (f"; NONE for {undrawn}" if undrawn else ""))
     finally:
         if process.poll() is None:
             os.killpg(process.pid, 15)
@@ -207,11 +299,35 @@ def _serve(command: Command, clone: Path, env: dict, shipped: list[str]) -> tupl
     return False, "did not serve: " + " | ".join(lines[-5:])
 
 
+def _outcome(command: Command, run: Run, log: Path, limit: float) -> tuple[bool, str]:
+    """Whether `run` worked as the README shows, and a line saying how it ended."""
+    if run.returncode is None:
+        return False, f"still running after {COMMAND_TIMEOUT_S} s (output: {log})"
+    lines = run.output.strip().splitlines()
+    ok = run.returncode == 0
+    verdict = VERDICTS.get(command.text)
+    if verdict and run.returncode == 1:
+        said = [line for line in lines if verdict.match(line)]
+        ok = bool(said)
+        lines = said or lines
+    outcome = f"exit {run.returncode}" + (f" (its verdict: {lines[-1]})" if ok and run.returncode
+                                          else "" if ok else
+                                          f" (output: {log}): " + " | ".join(lines[-3:]))
+    if "Traceback (most recent call last)" in run.output:
+        ok, outcome = False, f"{outcome}; a TRACEBACK in its output ({log})"
+    if run.limit_exceeded(limit):
+        ok, outcome = False, (f"{outcome}; SILENT for {run.silence_s:.0f} s {run.silence_at} "
+                              f"(limit {limit:.0f} s here)")
+    return ok, outcome
+
+
 @pytest.mark.readme
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("KERNELPERF_README_CHECK") != "1",
-                    reason="about 6 minutes on 2 cores: run by `make readme-check` (in make test)")
+                    reason="minutes on 2 cores: run by `make readme-check` (in make test)")
 def test_every_cpu_command_in_the_readme_runs(tmp_path):
+    from kernels.bench import asv_tools
+
     clone = _clone(tmp_path)
     home = tmp_path / "home"
     home.mkdir()
@@ -221,38 +337,36 @@ def test_every_cpu_command_in_the_readme_runs(tmp_path):
     report, failures = [], []
     logs = tmp_path / "logs"
     logs.mkdir()
-    for command in readme_commands((clone / "README.md").read_text()):
+    commands = readme_commands((clone / "README.md").read_text())
+    # `make dashboard` once more at the end, on top of every local asv run above (plain asv
+    # continuous and asv find among them): the shipped results must still be drawn.
+    dashboard = next((c for c in commands if c.text == "make dashboard"), None)
+    for index, command in enumerate([*commands, *([dashboard] if dashboard else [])]):
         if command.label != "cpu" or command.text in NOT_RUN:
             why = NOT_RUN.get(command.text, f"labelled # {command.comment}")
-            report.append((command.text, "-", f"not run: {why}"))
+            report.append((command.text, "-", "-", "-", f"not run: {why}"))
             continue
-        print(f"readme-check: {command.text}", flush=True)
-        start = time.monotonic()
-        if command.text in SERVERS:
-            ok, outcome = _serve(command, clone, env, shipped)
-        else:
-            try:
-                result = subprocess.run(["bash", "-c", command.text], cwd=clone, env=env,
-                                        capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
-                log = logs / f"{len(report):02d}.log"
-                log.write_text(f"$ {command.text}\n{result.stdout}\n{result.stderr}")
-                lines = (result.stdout + result.stderr).strip().splitlines()
-                ok = result.returncode == 0
-                verdict = VERDICTS.get(command.text)
-                if verdict and result.returncode == 1 and "Traceback" not in result.stderr:
-                    said = [line for line in lines if verdict.match(line)]
-                    ok = bool(said)
-                    if ok:
-                        lines = said
-                outcome = f"exit {result.returncode}" + (
-                    f" (its verdict: {lines[-1]})" if ok and result.returncode else "" if ok
-                    else f" (output: {log}): " + " | ".join(lines[-3:]))
-            except subprocess.TimeoutExpired:
-                ok, outcome = False, f"still running after {COMMAND_TIMEOUT_S} s"
-        seconds = time.monotonic() - start
-        report.append((command.text, f"{seconds:.0f} s", outcome if ok else f"FAILED {outcome}"))
-        print(f"readme-check:   {seconds:.0f} s, {'ok' if ok else 'FAILED'}: {outcome}"[:300],
+        again = index >= len(commands)
+        print(f"readme-check: {command.text}{' (again, after the local runs)' if again else ''}",
               flush=True)
+        start = time.monotonic()
+        silence = "-"
+        if command.text in SERVERS:
+            ok, outcome = _serve(command, clone, env, shipped,
+                                 asv_tools.machine_name() if again else None)
+            status = "served" if ok else "-"
+        else:
+            run = run_command(command.text, clone, env, COMMAND_TIMEOUT_S)
+            log = logs / f"{index:02d}.log"
+            log.write_text(f"$ {command.text}\n{run.output}")
+            ok, outcome = _outcome(command, run, log, silence_limit())
+            status = "-" if run.returncode is None else str(run.returncode)
+            silence = f"{run.silence_s:.0f} s"
+        seconds = time.monotonic() - start
+        report.append((command.text + (" (again)" if again else ""), status, f"{seconds:.0f} s",
+                       silence, outcome if ok else f"FAILED {outcome}"))
+        print(f"readme-check:   {seconds:.0f} s, silent at most {silence}, "
+              f"{'ok' if ok else 'FAILED'}: {outcome}"[:400], flush=True)
         if not ok:
             failures.append(f"{command.text}: {outcome}")
     untracked = subprocess.run(["git", "-C", str(clone), "status", "--porcelain"],
@@ -260,6 +374,7 @@ def test_every_cpu_command_in_the_readme_runs(tmp_path):
     untracked = [line for line in untracked if line.strip() and not line.endswith(".venv")]
     if untracked:
         failures.append(f"files left in the clone outside ignored folders: {untracked}")
-    print(tables.table([list(row) for row in report], ["command", "time", "outcome"]))
+    print(tables.table([list(row) for row in report],
+                       ["command", "exit", "time", "longest silence", "outcome"]))
     shutil.rmtree(clone / ".asv", ignore_errors=True)
     assert not failures, "README commands that no longer work as shown:\n" + "\n".join(failures)

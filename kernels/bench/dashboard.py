@@ -1,4 +1,4 @@
-"""The asv dashboard without network, and a picture of one benchmark's graph.
+"""The asv dashboard without network, views that open on data, and a picture of one graph.
 
 asv 0.6.6's `index.html` loads jQuery, flot, bootstrap, md5 and stupidtable
 from CDNs (and sends the page to error.html when one fails), so on a machine
@@ -6,18 +6,31 @@ with no internet access (the GPU machine, CI) the published dashboard draws
 nothing. `localize(html_dir)` points those tags at copies under `vendor/`,
 taken from Debian packages (`APT_PACKAGES`: jQuery 3.3.1 and flot 0.8.3, the
 versions asv asks for; bootstrap 3.4.1 for asv's 3.1.1); the two plug-ins
-Debian lacks get one-line stand-ins (`SHIMS`: no table sorting, bars drawn
-unordered). Line graphs, the dashboard's graphs, need neither.
+Debian lacks get stand-ins (`SHIMS`: no table sorting; flot's orderBars is
+written anew in dashboard.js).
+
+`prepare(html_dir)` (every publish here, and the nightly's) localizes, then
+adds `dashboard.js` (`SCRIPT`) after asv.js and, in index.json, the filters each
+graph opens with (`view_defaults`: read from the published graphs, so a graph
+never opens on parameters without points). dashboard.js keeps series without
+points out of the graph and its legend, draws the legend beside the plot,
+labels the commit axis with hashes, writes units as us/ms, GB/s or TFLOP/s
+in plain decimals, leaves a margin at the frame, and sets the bars of one
+slot side by side.
 
 `publish_all(html_dir)` (`make dashboard`, `make bench`) publishes the
 results the repository ships (`perf_tests/results/asv/`, one folder per GPU
 model) together with this machine's (`.asv/results/`), merged by
-`combine_results`, for commits on main and on the branch checked out.
+`combine_results`, for the branch checked out (first: asv's default view) and
+main. The merged benchmark list takes every list there is, so a local run
+that rewrote `.asv/results/benchmarks.json` (plain `asv run` lists no
+dashboard metrics) hides nothing, and each machine's results are shown under
+the version they were recorded with (see `combine_results`).
 
 `screenshot(results_dir, benchmark, png)` publishes a results folder into a
 dashboard, serves it on 127.0.0.1 (asv's pages fetch their JSON, which file://
 does not allow), and has headless Chromium draw the benchmark's page into a
-PNG; it returns the page's DOM after the scripts ran, for `graph_facts`.
+PNG; it returns what the page drew (`GraphFacts`).
 
     python -m kernels.bench.dashboard perf_tests/results/asv benchmarks.Softmax.time_device \\
         --png traces/softmax.png
@@ -29,6 +42,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import html
 import http.server
 import json
 import os
@@ -64,10 +78,17 @@ VENDOR = {
 }
 # Plug-ins with no Debian copy; what stands in for them.
 SHIMS = {
-    "jquery.flot.orderBars.js": "/* kernelperf: orderBars left out; bars drawn in place */\n",
+    "jquery.flot.orderBars.js": "/* kernelperf: orderBars is in kernelperf.js (dashboard.js) */\n",
     "stupidtable.min.js": "/* kernelperf: stupidtable left out; tables not sortable */\n"
                           "jQuery.fn.stupidtable = function () { return this; };\n",
 }
+# kernelperf's script (dashboard.js), published as kernelperf.js and loaded right after asv.js.
+SCRIPT = Path(__file__).with_name("dashboard.js")
+SCRIPT_NAME = "kernelperf.js"
+_ASV_SCRIPT = re.compile(r'(<script[^>]*src="asv\.js"[^>]*>\s*</script>)')
+# The benchmark list `python -m kernels bench` last wrote (dashboard metrics included), kept
+# beside asv's folders: a plain `asv run` rewrites .asv/results/benchmarks.json without them.
+KEPT_LIST = ROOT / ".asv" / "dashboard-benchmarks.json"
 # The browser and the Debian packages holding VENDOR's files.
 APT_PACKAGES = ("chromium", *dict.fromkeys(package for package, _ in VENDOR.values()))
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -166,62 +187,245 @@ def run_asv(config: dict, *args: str, env: dict | None = None) -> str:
 
 def publish(results_dir: str | os.PathLike, html_dir: str | os.PathLike, *,
             repo: str | os.PathLike = ROOT, branches: list[str] | None = None) -> Path:
-    """`asv publish` of `results_dir` into `html_dir`, which then works offline."""
+    """`asv publish` of `results_dir` into `html_dir`, which then works offline (`prepare`)."""
     html_dir = Path(html_dir).resolve()
     run_asv(asv_config(Path(repo).resolve(), Path(results_dir).resolve(), html_dir, branches),
-         "publish", "--no-pull")
-    localize(html_dir)
+            "publish", "--no-pull")
+    prepare(html_dir)
     return html_dir
+
+
+def prepare(html_dir: str | os.PathLike, *,
+            offline: bool = True) -> dict[str, dict[str, list[str]]]:
+    """Make an `asv publish` output work offline (`localize`; not with `offline=False`), load
+    kernelperf.js after asv.js, and put each graph's default filters (`view_defaults`) into
+    index.json; returns those."""
+    html_dir = Path(html_dir)
+    if offline:
+        localize(html_dir)
+    shutil.copyfile(SCRIPT, html_dir / SCRIPT_NAME)
+    index_html = html_dir / "index.html"
+    page, found = _ASV_SCRIPT.subn(rf'\1\n    <script src="{SCRIPT_NAME}"></script>',
+                                   index_html.read_text(), count=1)
+    if not found:  # another asv version's page: say so rather than publish without the views
+        raise RuntimeError(f"{index_html}: no asv.js script tag to load {SCRIPT_NAME} after")
+    index_html.write_text(page)
+    defaults = view_defaults(html_dir)
+    index_json = html_dir / "index.json"
+    index = json.loads(index_json.read_text())
+    index["kernelperf"] = {"defaults": defaults}
+    index_json.write_text(json.dumps(index, separators=(",", ":")))
+    return defaults
+
+
+def _flat_combinations(shape: list[int]) -> list[tuple[int, ...]]:
+    """Parameter index tuples in asv's flat order (the last parameter varies fastest)."""
+    combos: list[tuple[int, ...]] = [()]
+    for size in shape:
+        combos = [(*combo, index) for combo in combos for index in range(size)]
+    return combos
+
+
+def _points(graph: list) -> set[int]:
+    """Flat parameter indices with at least one value in a published graph file."""
+    found: set[int] = set()
+    for _, values in graph:
+        if isinstance(values, list):
+            found.update(i for i, value in enumerate(values) if value is not None)
+        elif values is not None:
+            found.add(0)
+    return found
+
+
+def view_defaults(html_dir: str | os.PathLike) -> dict[str, dict[str, list[str]]]:
+    """The filters each benchmark's graph opens with, from the published graphs themselves.
+
+    asv opens a graph on every machine, the first branch and the first values of
+    each parameter (up to 8 lines), whether or not they have points: a GPU
+    case for a CPU machine, or a branch the results are not on. Here, per
+    benchmark: the branch whose graphs have points on the most machines
+    (ties: asv's order, the checked-out branch first); for every parameter
+    after the first (case, direction), the first value with points on each
+    machine, the union over machines; for the first (implementation), every
+    value with points among those. Series left without points are dropped by
+    kernelperf.js, so each machine shows its own case. Keys are the page's URL
+    filters (`branch`, `p-<parameter>`); values asv's (quoted reprs).
+    """
+    from asv.graph import Graph
+
+    html_dir = Path(html_dir)
+    index = json.loads((html_dir / "index.json").read_text())
+    branches = index["params"].get("branch") or [None]
+    defaults: dict[str, dict[str, list[str]]] = {}
+    for name, entry in index["benchmarks"].items():
+        params, names = entry.get("params") or [], entry.get("param_names") or []
+        if not params or len(params) != len(names):
+            continue
+        combos = _flat_combinations([len(values) for values in params])
+        # (branch, machine) -> flat indices with points
+        seen: dict[tuple[str | None, str], set[int]] = {}
+        for graph_params in index["graph_param_list"]:
+            path = html_dir / f"{Graph.get_file_path(graph_params, name)}.json"
+            if path.is_file():
+                key = (graph_params.get("branch"), graph_params["machine"])
+                seen.setdefault(key, set()).update(_points(json.loads(path.read_text())))
+        if not any(seen.values()):
+            continue
+        branch = max(branches, key=lambda b: (sum(bool(flat) for (on, _), flat in seen.items()
+                                                  if on == b), -branches.index(b)))
+        per_machine = [flat for (on, _), flat in seen.items() if on == branch and flat]
+        rest = [set() for _ in params[1:]]
+        for flat in per_machine:
+            first = min((combos[i][1:], combos[i]) for i in flat)[0]
+            for chosen, index_ in zip(rest, first, strict=True):
+                chosen.add(index_)
+        lines = {combos[i][0] for flat in per_machine for i in flat
+                 if all(index_ in chosen for chosen, index_ in zip(rest, combos[i][1:],
+                                                                   strict=True))}
+        chosen_values = {f"p-{names[0]}": [params[0][i] for i in sorted(lines)]}
+        for param_names_index, chosen in enumerate(rest, start=1):
+            chosen_values[f"p-{names[param_names_index]}"] = [params[param_names_index][i]
+                                                              for i in sorted(chosen)]
+        if branch is not None:
+            chosen_values["branch"] = [branch]
+        defaults[name] = chosen_values
+    return defaults
 
 
 def _union(lists: list[list]) -> list:
     return list(dict.fromkeys(item for values in lists for item in values))
 
 
-def combine_results(sources: list[str | os.PathLike], into: str | os.PathLike) -> list[str]:
+def _merge_entry(merged: dict[str, dict], name: str, entry: dict) -> None:
+    """Lay `entry` over the merged list's entry of `name`, each parameter's values the union."""
+    before = merged.get(name)
+    merged[name] = dict(entry)
+    if before and before.get("params") and entry.get("params") and \
+            len(before["params"]) == len(entry["params"]):
+        merged[name]["params"] = [_union([a, b]) for a, b in zip(before["params"],
+                                                                 entry["params"], strict=True)]
+
+
+def _column(result: dict, name: str) -> int | None:
+    columns = result.get("result_columns") or []
+    return columns.index(name) if name in columns else None
+
+
+def combine_results(sources: list[str | os.PathLike], into: str | os.PathLike, *,
+                    lists: tuple[str | os.PathLike, ...] = ()) -> list[str]:
     """Merge asv results folders into `into` (emptied first) for one `asv publish`.
 
     Machine folders are copied (a machine found in several sources gets every
-    file, a later source winning on the same file name). benchmarks.json takes
-    each benchmark from the last source that has it, with each parameter's
-    values the union over the sources, so results recorded on a GPU (real-size
-    cases) and on a CPU (tiny cases) are both shown. asv publish leaves out
-    results whose benchmark version (a hash of its code) differs from the
-    merged one; those are named in the lines returned.
+    file, a later source winning on the same file name). The benchmark list
+    is every list there is, `lists` (other benchmarks.json files, e.g.
+    KEPT_LIST) first, then each source's, a later one winning on an entry's
+    fields; each parameter's values are the union over the lists and the
+    result files, so results recorded on a GPU (real-size cases) and on a
+    CPU (tiny cases) are both shown.
 
-    Returns one line per source saying what it contributed.
+    asv publish shows a result only under the benchmark version it was recorded
+    with. Per machine the version of its newest run of a benchmark is the one
+    shown (asv's rule, applied to each machine alone): its results are
+    relabelled, in this copy only, with the merged list's version, so a local
+    run under other benchmark code never hides a GPU machine's results; that
+    machine's results under older versions stay hidden. Both are named in the
+    lines returned, with one line per source saying what it contributed.
     """
     into = Path(into)
     shutil.rmtree(into, ignore_errors=True)
     into.mkdir(parents=True)
     merged: dict[str, dict] = {}
-    found: list[tuple[Path, dict, list[str]]] = []
+    listed: list[Path] = [Path(path) for path in lists]
+    lines = []
     for source in map(Path, sources):
-        listing = source / "benchmarks.json"
-        if not listing.is_file():
+        machines = sorted(p.name for p in source.iterdir() if (p / "machine.json").is_file()) \
+            if source.is_dir() else []
+        if (source / "benchmarks.json").is_file():
+            listed.append(source / "benchmarks.json")
+        elif not machines:
             continue
-        benchmarks = json.loads(listing.read_text())
-        machines = sorted(p.name for p in source.iterdir() if (p / "machine.json").is_file())
-        found.append((source, benchmarks, machines))
-        for name, entry in benchmarks.items():
-            if not isinstance(entry, dict):
-                continue
-            before = merged.get(name)
-            merged[name] = dict(entry)
-            if before and before.get("params") and entry.get("params"):
-                merged[name]["params"] = [_union([a, b]) for a, b in
-                                          zip(before["params"], entry["params"], strict=True)]
         for machine in machines:
             shutil.copytree(source / machine, into / machine, dirs_exist_ok=True)
-    lines = []
-    for source, benchmarks, machines in found:
-        stale = sorted(name for name, entry in benchmarks.items() if isinstance(entry, dict)
-                       and entry.get("version") != merged[name].get("version"))
-        lines.append(f"{source}: {', '.join(machines) or 'no machines'}" +
-                     (f"; not shown, recorded by other code: {', '.join(stale)}" if stale else ""))
+        lines.append(f"{source}: {', '.join(machines) or 'no machines'}")
+    for listing in listed:
+        if listing.is_file():
+            for name, entry in json.loads(listing.read_text()).items():
+                if isinstance(entry, dict):
+                    _merge_entry(merged, name, entry)
+    # Every result file of every machine: the parameters it holds, and per (machine,
+    # benchmark) the version of the newest run.
+    files = {path: json.loads(path.read_text()) for path in sorted(into.glob("*/*.json"))
+             if path.name != "machine.json"}
+    newest: dict[tuple[str, str], tuple[float, str]] = {}
+    unlisted: set[str] = set()
+    for path, result in files.items():
+        at_params, at_version, at_start = (_column(result, c) for c in
+                                           ("params", "version", "started_at"))
+        for name, row in result.get("results", {}).items():
+            if name not in merged:
+                unlisted.add(name)
+                continue
+            stored = row[at_params] if at_params is not None and len(row) > at_params else None
+            if stored and len(stored) == len(merged[name].get("params") or []):
+                merged[name]["params"] = [_union([a, b]) for a, b in
+                                          zip(merged[name]["params"], stored, strict=True)]
+            version = row[at_version] if at_version is not None and len(row) > at_version \
+                else None
+            started = row[at_start] if at_start is not None and len(row) > at_start else None
+            key = (path.parent.name, name)
+            if key not in newest or (started or 0) >= newest[key][0]:
+                newest[key] = (started or 0, version)
+    relabelled: dict[tuple[str, str], str] = {}
+    hidden: dict[tuple[str, str], int] = {}
+    for path, result in files.items():
+        at_version = _column(result, "version")
+        changed = False
+        for name, row in result.get("results", {}).items():
+            if name not in merged or at_version is None or len(row) <= at_version:
+                continue
+            version, wanted = row[at_version], merged[name].get("version")
+            if version == wanted:
+                continue
+            key = (path.parent.name, name)
+            if version == newest[key][1]:
+                row[at_version] = wanted
+                relabelled[key] = version
+                changed = True
+            else:
+                hidden[key] = hidden.get(key, 0) + 1
+        if changed:
+            path.write_text(json.dumps(result))
+    for (machine, name), version in sorted(relabelled.items()):
+        lines.append(f"{machine}: {name} recorded by other benchmark code (version "
+                     f"{str(version)[:12]}, this list's {str(merged[name].get('version'))[:12]}):"
+                     " shown")
+    for (machine, name), count in sorted(hidden.items()):
+        lines.append(f"{machine}: {count} older result(s) of {name} not shown (recorded by an "
+                     "earlier version of the benchmark than that machine's newest)")
+    if unlisted:
+        lines.append(f"not in any benchmark list, not shown: {', '.join(sorted(unlisted))}")
     merged["version"] = 2  # asv's benchmarks.json format
     (into / "benchmarks.json").write_text(json.dumps(merged, indent=1))
     return lines
+
+
+def keep_benchmark_list(results_dir: str | os.PathLike = LOCAL_RESULTS,
+                        kept: str | os.PathLike = KEPT_LIST) -> None:
+    """Merge the benchmark list asv just wrote into `kept` (newer entries win), which
+    publishing reads: the list of a `python -m kernels bench` run names the dashboard metrics,
+    and the next plain `asv run` rewrites asv's own list without them."""
+    listing, kept = Path(results_dir) / "benchmarks.json", Path(kept)
+    if not listing.is_file():
+        return
+    merged: dict[str, dict] = {}
+    for path in (kept, listing):
+        if path.is_file():
+            for name, entry in json.loads(path.read_text()).items():
+                if isinstance(entry, dict):
+                    _merge_entry(merged, name, entry)
+    merged["version"] = 2
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    kept.write_text(json.dumps(merged, indent=1))
 
 
 def _current_branch(repo: Path) -> str | None:
@@ -230,17 +434,32 @@ def _current_branch(repo: Path) -> str | None:
     return branch if result.returncode == 0 and branch != "HEAD" else None
 
 
+def published_branches(repo: Path) -> list[str]:
+    """The branch checked out, then asv.conf.json's. A configured branch this clone has no
+    local branch of (`main` in a clone of another branch) is taken from `origin/`; one it
+    has nowhere is left out: asv publish fails on a name git does not know."""
+    def known(name: str) -> bool:
+        return vcs.git(repo, "rev-parse", "--verify", "-q", f"{name}^{{commit}}",
+                       check=False).returncode == 0
+
+    branches = [b for b in [_current_branch(repo)] if b]
+    for branch in json.loads((ROOT / "asv.conf.json").read_text())["branches"]:
+        name = branch if known(branch) else f"origin/{branch}"
+        if known(name) and name not in branches:
+            branches.append(name)
+    return branches
+
+
 def publish_all(html_dir: str | os.PathLike = ROOT / ".asv" / "html", *,
-                sources: tuple[Path, ...] = (SHIPPED_RESULTS, LOCAL_RESULTS)) -> Path:
+                sources: tuple[Path, ...] = (SHIPPED_RESULTS, LOCAL_RESULTS),
+                lists: tuple[Path, ...] = (KEPT_LIST,)) -> Path:
     """The shipped results and this machine's, published together into `html_dir`, offline,
-    for commits on asv.conf.json's branches and the branch checked out."""
+    for commits on the branch checked out (listed first: asv's default view) and
+    asv.conf.json's branches."""
     combined = ROOT / ".asv" / "dashboard-results"
-    for line in combine_results(list(sources), combined):
-        print(f"dashboard: {line}")
-    branches = json.loads((ROOT / "asv.conf.json").read_text())["branches"]
-    current = _current_branch(ROOT)
-    if current and current not in branches:
-        branches = [*branches, current]
+    for line in combine_results(list(sources), combined, lists=lists):
+        print(f"dashboard: {line}", flush=True)
+    branches = published_branches(ROOT)
     html_dir = publish(combined, html_dir, branches=branches)
     print(f"dashboard: published {html_dir} (branches {', '.join(branches)})")
     return html_dir
@@ -313,23 +532,34 @@ class GraphFacts:
 
     error_page: bool  # asv sent the page to error.html (a script failed to load)
     canvases: int  # flot's canvases in #main-graph (flot-base, flot-overlay)
-    tick_labels: list[str]  # the axes' tick labels flot drew as text
-    legend: list[str]  # one label per plotted series; none when there is one series
+    tick_labels: tuple[str, ...]  # the axes' tick labels flot drew as text
+    legend: tuple[str, ...]  # the legend's labels (kernelperf.js: one per series with points)
+    # (label, points) of each series drawn, as kernelperf.js recorded them
+    series: tuple[tuple[str, int], ...] = ()
+    hidden_empty: int = 0  # series of the selection without a point, left out
+    axes: tuple[str, str] = ("", "")  # the x and y axis labels
 
     @property
     def drawn(self) -> bool:
-        """flot drew the graph's axes; whether points were drawn: `series_pixels`."""
-        return not self.error_page and self.canvases >= 2 and len(self.tick_labels) >= 2
+        """flot drew the graph's axes and at least one point (pixels: `series_pixels`)."""
+        return (not self.error_page and self.canvases >= 2 and len(self.tick_labels) >= 2
+                and any(points for _, points in self.series))
 
 
 def graph_facts(dom: str) -> GraphFacts:
     start = dom.find('id="main-graph"')
     graph = dom[start:dom.find('id="overview"', start)] if start >= 0 else ""
+    recorded = re.search(r'data-kernelperf="([^"]*)"', dom)
+    drawn = json.loads(html.unescape(recorded.group(1))) if recorded else {}
     return GraphFacts(
         error_page="Can not load required JavaScript" in dom or 'id="main-graph"' not in dom,
         canvases=len(re.findall(r'<canvas class="flot-(?:base|overlay)"', graph)),
-        tick_labels=re.findall(r'class="flot-tick-label[^"]*"[^>]*>([^<]*)<', graph),
-        legend=re.findall(r'class="legendLabel"[^>]*>(?:<span>)?([^<]*)<', graph))
+        tick_labels=tuple(re.findall(r'class="flot-tick-label[^"]*"[^>]*>([^<]*)<', graph)),
+        legend=tuple(html.unescape(label) for label in
+                     re.findall(r'class="legendLabel"[^>]*>(?:<span>)?([^<]*)<', dom)),
+        series=tuple((s["label"], s["points"]) for s in drawn.get("series", [])),
+        hidden_empty=drawn.get("hidden_empty", 0),
+        axes=(drawn.get("xaxis", ""), drawn.get("yaxis", "")))
 
 
 def series_pixels(png: str | os.PathLike) -> int:
@@ -354,6 +584,51 @@ def screenshot(results_dir: str | os.PathLike, benchmark: str, png: str | os.Pat
     return graph_facts(dom)
 
 
+def results_problem(results_dir: str | os.PathLike) -> str | None:
+    """Why `results_dir` is not an asv results folder (None when it is one)."""
+    path = Path(results_dir)
+    if not path.is_dir():
+        return "which is a file" if path.exists() else "which does not exist"
+    if not (path / "benchmarks.json").is_file():
+        return "which has no benchmarks.json"
+    if not any((p / "machine.json").is_file() for p in path.iterdir()):
+        return "which has no machine folder (<machine>/machine.json)"
+    return None
+
+
+def benchmark_names(results_dir: str | os.PathLike) -> list[str]:
+    """The benchmarks a results folder's benchmarks.json lists."""
+    listing = json.loads((Path(results_dir) / "benchmarks.json").read_text())
+    return sorted(name for name, entry in listing.items() if isinstance(entry, dict))
+
+
+class _Mistake(Exception):
+    """A user's mistake on the command line: one line, exit 2."""
+
+
+def _screenshot_arguments(args: argparse.Namespace) -> tuple[str, tuple[int, int], dict]:
+    """(benchmark, window size, page filters) from the command line, or _Mistake."""
+    problem = results_problem(args.results_dir)
+    if problem:
+        raise _Mistake(f"results_dir: expected an asv results folder (benchmarks.json and "
+                       f"machine folders), got {args.results_dir!r}, {problem}")
+    benchmark = args.benchmark if args.benchmark.startswith("benchmarks.") \
+        else f"benchmarks.{args.benchmark}"
+    names = benchmark_names(args.results_dir)
+    if benchmark not in names:
+        shown = ", ".join(n.removeprefix("benchmarks.") for n in names[:8])
+        raise _Mistake(f"benchmark: expected one of {args.results_dir}'s benchmarks ({shown}"
+                       f"{', ...' if len(names) > 8 else ''}), got {args.benchmark!r}")
+    width, _, height = args.size.lower().partition("x")
+    if not (width.isdigit() and height.isdigit() and int(width) >= 200 and int(height) >= 200):
+        raise _Mistake(f"--size: expected WIDTHxHEIGHT in pixels, each at least 200, got "
+                       f"{args.size!r}")
+    bad = [p for p in args.param if "=" not in p or not p.split("=", 1)[0]]
+    if bad:
+        raise _Mistake(f"--param: expected KEY=VALUE (e.g. x-axis=implementation), got {bad[0]!r}")
+    return benchmark, (int(width), int(height)), dict(p.split("=", 1) for p in args.param)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.bench.dashboard", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -366,12 +641,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--branch", action="append", help="branches to show (default: "
                         "asv.conf.json's); results on no listed branch are left out")
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                        help="page filter, e.g. p-implementation=pallas or machine=...")
+                        help="page filter, e.g. x-axis=implementation, "
+                        "p-implementation='pallas' or machine=... (unset ones take the "
+                        "defaults that have points)")
     parser.add_argument("--size", default="1400x900", help="window WIDTHxHEIGHT")
     parser.add_argument("--missing-packages", action="store_true",
                         help="print the Debian packages this needs and lacks, then exit")
-    parser.add_argument("--localize", metavar="HTML_DIR", help="only point an `asv publish` "
-                        "output's CDN scripts at local copies, then exit")
+    parser.add_argument("--localize", metavar="HTML_DIR", help="only make an `asv publish` "
+                        "output work offline, with kernelperf's views (`prepare`), then exit")
     parser.add_argument("--publish", metavar="HTML_DIR", help="publish the shipped results "
                         f"({SHIPPED_RESULTS.relative_to(ROOT)}) and this machine's "
                         f"({LOCAL_RESULTS.relative_to(ROOT)}) together into HTML_DIR, then exit")
@@ -381,33 +658,51 @@ def main(argv: list[str] | None = None) -> int:
         if reason:  # publishing needs the JavaScript copies, not the browser
             print(reason, file=sys.stderr)
             return 2
-        publish_all(args.publish)
+        try:
+            publish_all(args.publish)
+        except RuntimeError as error:  # asv publish failed: its own output says why
+            print(f"{parser.prog}: {error}", file=sys.stderr)
+            return 1
         return 0
     if args.missing_packages:
         print(" ".join(missing_packages()))
         return 0
     if args.localize:
-        print(f"{args.localize}: {len(localize(args.localize))} scripts served locally")
+        if not (Path(args.localize) / "index.html").is_file():
+            print(f"{parser.prog}: error: --localize: expected an `asv publish` output folder, "
+                  f"got {args.localize!r}, which has no index.html", file=sys.stderr)
+            return 2
+        defaults = prepare(args.localize)
+        print(f"{args.localize}: scripts served locally, {SCRIPT_NAME} loaded, default "
+              f"filters for {len(defaults)} graphs")
         return 0
     if not (args.results_dir and args.benchmark and args.png):
-        parser.error("results_dir, benchmark and --png are required")
+        print(f"{parser.prog}: error: results_dir, benchmark and --png: expected all three "
+              f"(or --publish, --localize, --missing-packages), got "
+              f"{[a for a in (args.results_dir, args.benchmark) if a]}"
+              f"{' and --png' if args.png else ''}", file=sys.stderr)
+        return 2
+    try:
+        benchmark, size, params = _screenshot_arguments(args)
+    except _Mistake as mistake:
+        print(f"{parser.prog}: error: {mistake}", file=sys.stderr)
+        return 2
     reason = unavailable_reason()
     if reason:
         print(reason, file=sys.stderr)
         return 2
-    width, height = (int(n) for n in args.size.lower().split("x"))
-    benchmark = args.benchmark if args.benchmark.startswith("benchmarks.") \
-        else f"benchmarks.{args.benchmark}"
     facts = screenshot(args.results_dir, benchmark, args.png, html_dir=args.html_dir,
-                       branches=args.branch, size=(width, height),
-                       params=dict(p.split("=", 1) for p in args.param))
+                       branches=args.branch, size=size, params=params)
     pixels = series_pixels(args.png)
     drawn = facts.drawn and pixels > 0
+    labels = [f"{label} ({points})" for label, points in facts.series]
     print(f"wrote {args.png}: {'graph drawn' if drawn else 'NO GRAPH DRAWN'}; "
-          f"{len(facts.legend) or 'one'} series ({', '.join(facts.legend[:6])}"
-          f"{', ...' if len(facts.legend) > 6 else ''}), {pixels} pixels in their colours; "
-          f"{len(facts.tick_labels)} tick labels")
+          f"{len(labels)} series with points ({', '.join(labels[:6])}"
+          f"{', ...' if len(labels) > 6 else ''}), {facts.hidden_empty} without points left "
+          f"out; axes {facts.axes[0] or '-'} / {facts.axes[1] or '-'}; {pixels} pixels in "
+          f"series colours; {len(facts.tick_labels)} tick labels")
     return 0 if drawn else 1
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -11,7 +11,8 @@ same subcommands against a bare repository standing in for the remote.
   push     commit this machine's result files and push them; a push rejected because another
            runner pushed first is redone on top of the remote's new tip
   publish  asv publish of every machine's results into .asv/html, scripts made local
-           where Debian's copies are installed (kernels.bench.dashboard)
+           where Debian's copies are installed, with kernelperf's views (graphs that open on
+           filters with points: kernels.bench.dashboard.prepare)
   deploy   the published folder as the one commit of the pages branch (gh-pages),
            force-pushed; GitHub Pages serves that branch
 
@@ -273,9 +274,10 @@ def publish(history: History) -> list[str]:
     if status:
         raise RuntimeError(f"asv publish failed ({status})")
     try:
-        dashboard.localize(history.html_dir)
+        dashboard.prepare(history.html_dir)
     except FileNotFoundError as error:  # on GitHub Pages the CDNs are reachable anyway
         print(f"dashboard scripts left on their CDNs: {error}")
+        dashboard.prepare(history.html_dir, offline=False)
     index = json.loads((history.html_dir / "index.json").read_text())
     commits = list(index["revision_to_hash"].values())
     print(f"published {history.html_dir}: {len(commits)} commits of {history.branch}, "

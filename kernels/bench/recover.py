@@ -58,12 +58,12 @@ def _suite(journal_dir: pathlib.Path, dashboard: bool):
     for narrowing in ("KERNELPERF_BENCH_IMPLS", "KERNELPERF_BENCH_CASES",
                       "KERNELPERF_BENCH_DIRECTIONS"):
         os.environ.pop(narrowing, None)
-    from kernels.bench import asv_tools
+    from kernels.core import environment
 
     if dashboard:
-        os.environ[asv_tools.DASHBOARD_VARIABLE] = "1"
+        os.environ[environment.DASHBOARD_VARIABLE] = "1"
     else:
-        os.environ.pop(asv_tools.DASHBOARD_VARIABLE, None)
+        os.environ.pop(environment.DASHBOARD_VARIABLE, None)
     import perf_tests.benchmarks as benchmarks
 
     benchmarks = importlib.reload(benchmarks)
@@ -167,9 +167,9 @@ def interrupted_runs(results_dir: pathlib.Path, machine: str) -> list[tuple[path
 def recover_all(results_dir: str = ".asv/results", machine: str | None = None, *,
                 log: Callable[[str], None] = _print) -> int:
     """Recover every interrupted run here (see `interrupted_runs`); how many commits."""
-    from kernels.bench import asv_tools
+    from kernels.core import fingerprint
 
-    machine = machine or asv_tools.machine_name()
+    machine = machine or fingerprint.identity().model  # asv_tools.machine_name()
     benchmarks_json = pathlib.Path(results_dir) / "benchmarks.json"
     runs = interrupted_runs(pathlib.Path(results_dir), machine)
     if not runs or not benchmarks_json.exists():

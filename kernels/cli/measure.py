@@ -188,7 +188,8 @@ def run_rows(op, impls, cases, directions, regime, rule) -> list[Row]:
     todo = [Row(impl, case, d) for case in cases for d in dict.fromkeys(directions)
             for impl in impls]
     inputs: dict[str, tuple] = {}  # numpy inputs per case, made once (large ones take seconds)
-    for row in report.progress(todo, f"timing {op.name}"):
+    for row in report.progress(todo, f"timing {op.name}",
+                               lambda r: f"{r.impl.name} {r.case.id} {r.direction}"):
         reason = devices.case_unavailable_reason(row.impl, row.case)
         if reason is None and not registry.has_direction(row.impl, row.direction):
             reason = "no backward"
@@ -277,10 +278,11 @@ def cmd_time(args: argparse.Namespace) -> int:
 
     op, impls, cases = select(args)
     device, sheet, measured = _ceilings()
-    print(f"device: {device.describe()}")
+    print(f"device: {device.describe()}", flush=True)
     ceiling = measured or sheet
     if ceiling:
-        print(f"roofline: {ceiling.kind} ceilings ({ceiling.bandwidth / 1e9:.0f} GB/s)")
+        print(f"roofline: {ceiling.kind} ceilings ({ceiling.bandwidth / 1e9:.0f} GB/s)",
+              flush=True)
     rows = run_rows(op, impls, cases, args.direction, args.regime, _rule(args))
     speedups = _speedups(rows, mixed=args.mixed_clocks)
     lines = []
@@ -315,7 +317,7 @@ def cmd_roofline(args: argparse.Namespace) -> int:
 
     op, impls, cases = select(args)
     device, sheet, measured = _ceilings()
-    print(f"device: {device.describe()}")
+    print(f"device: {device.describe()}", flush=True)
     rows = run_rows(op, impls, cases, args.direction, args.regime, _rule(args))
     mixed = mixed_clocks(rows, measured)
     if mixed and not args.mixed_clocks:

@@ -77,6 +77,11 @@ from kernels.core import checking, fingerprint, frameworks, registry
 REGIMES = ("cold", "hot")
 WARMUP_CALLS = 3
 CPU_CACHE_FALLBACK_BYTES = 32 << 20
+# The most a CPU flush writes. A VM reports its host's whole last-level cache (480 MiB on the
+# project's 2-core VM), and writing that before every sample was most of each CPU timing's
+# time (a 4-point `kernels time` took 18 CPU-s, 5 with the cap; 2026-11-26). A real desktop
+# or server core's share of its last level is far below it.
+CPU_FLUSH_MAX_BYTES = 32 << 20
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -329,7 +334,8 @@ def callable_timeable(label: str, fn: Callable[..., Any], framework: str,
 
 
 def l2_bytes(device: fingerprint.Fingerprint) -> int:
-    """Bytes a cold-regime flush writes: the GPU's L2, or the CPU's largest cache."""
+    """Bytes a cold-regime flush writes: the GPU's L2, or the CPU's largest cache (at most
+    CPU_FLUSH_MAX_BYTES)."""
     if device.platform == "gpu":
         if not device.l2_bytes:
             raise RuntimeError(f"cannot flush L2 on {device.name}: its L2 size is unknown "
@@ -344,7 +350,7 @@ def l2_bytes(device: fingerprint.Fingerprint) -> int:
             break
         scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
         sizes.append(int(text.rstrip("KM")) * scale)
-    return max(sizes, default=CPU_CACHE_FALLBACK_BYTES)
+    return min(max(sizes, default=CPU_CACHE_FALLBACK_BYTES), CPU_FLUSH_MAX_BYTES)
 
 
 class _ClockedSampler:

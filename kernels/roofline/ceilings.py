@@ -32,6 +32,7 @@ import functools
 import json
 import os
 import pathlib
+import sys
 import warnings
 from typing import Any
 
@@ -297,6 +298,10 @@ def _products(dtype: str, size: int, where: str) -> list[tuple[str, Any, str, tu
     return candidates
 
 
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def measure(device: fingerprint_module.Fingerprint | None = None) -> Ceiling:
     """Time a large copy and large products on this device (kernels.core.timing); the best of
     torch's and XLA's for each. Every timing must come by one method, or this refuses."""
@@ -321,11 +326,16 @@ def measure(device: fingerprint_module.Fingerprint | None = None) -> Ceiling:
                                   f"{fastest.stop_reason}"), fastest.method
 
     nbytes = GPU_COPY_BYTES if gpu else CPU_COPY_BYTES
+    products = GPU_MATMUL if gpu else CPU_MATMUL
+    steps = 1 + len(products)
+    # Seconds per step, minutes on a GPU's first run: a line per step, not silence.
+    _progress(f"ceilings of {device.name}: 1/{steps} copy {nbytes >> 20} MiB")
     copy_s, note, method = best(_copy_kernels(nbytes, where), "hot")
     flops, notes = {}, [f"copy {nbytes >> 20} MiB ({note})"]
     tf32_before = torch.backends.cuda.matmul.allow_tf32
     try:
-        for dtype, size in (GPU_MATMUL if gpu else CPU_MATMUL).items():
+        for step, (dtype, size) in enumerate(products.items(), start=2):
+            _progress(f"ceilings of {device.name}: {step}/{steps} matmul {dtype} {size}^3")
             torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
             # Cold, as the points are: products back to back heat the card and throttle it.
             product_s, note, _ = best(_products(dtype, size, where), "cold")
@@ -350,6 +360,7 @@ def measured(device: fingerprint_module.Fingerprint | None = None, *,
                       f", not {default_method(device)}: measuring again", stacklevel=2)
     if not allow_measure:
         return None
+    _progress(f"no measured ceilings of {device.model} cached ({path}): measuring them once")
     try:
         ceiling = measure(device)
     except ImportError as error:

@@ -16,7 +16,7 @@ import json
 import math
 import pathlib
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from kernels.core import registry
@@ -25,16 +25,23 @@ from kernels.roofline import ceilings, model
 TRACES = pathlib.Path("traces")
 
 
-def progress(items: Sequence[Any], description: str) -> Iterator[Any]:
-    """Iterate with a progress bar (tqdm; a plain count on stderr where tqdm is missing)."""
+def progress(items: Sequence[Any], description: str,
+             label: Callable[[Any], str] | None = None) -> Iterator[Any]:
+    """Iterate with a progress bar (tqdm; a plain count on stderr where tqdm is missing),
+    naming each item (`label`) as it starts: one item can take seconds (a compile)."""
     try:
         from tqdm import tqdm
     except ImportError:
         for index, item in enumerate(items):
-            print(f"{description}: {index + 1}/{len(items)}", file=sys.stderr, flush=True)
+            print(f"{description}: {index + 1}/{len(items)}" +
+                  (f" {label(item)}" if label else ""), file=sys.stderr, flush=True)
             yield item
         return
-    yield from tqdm(items, desc=description, unit="point")
+    bar = tqdm(items, desc=description, unit="point")
+    for item in bar:
+        if label:
+            bar.set_postfix_str(label(item), refresh=True)
+        yield item
 
 
 def sharding_ceiling(impl: registry.Implementation, case: registry.Case,
