@@ -66,14 +66,17 @@ class PerfItem:
 
 def perf_items(machine: devices.Machine | None = None) -> list[PerfItem]:
     """Every (kernel, bench case, direction) of the registry, with the reason where it cannot
-    be timed here. Directions a kernel does not have (no backward) are left out."""
+    be timed here. Directions a kernel does not have (no backward) are left out, and so are
+    cases over several devices: a floor is a fraction of one GPU model's roof or baseline, and
+    sharded work is tracked by its asv benchmarks and its scaling (kernels.bench.scaling)."""
     machine = machine or devices.this_machine()
     items = []
     for op in registry.operations():
         for case in registry.bench_cases(op, "gpu" if machine.has_gpu else "cpu"):
             for direction in registry.DIRECTIONS:
                 for impl in registry.implementations(op.name):
-                    if impl.baseline or not registry.has_direction(impl, direction):
+                    if impl.baseline or not registry.has_direction(impl, direction) \
+                            or impl.devices_for(case) > 1:
                         continue
                     reason = devices.case_unavailable_reason(impl, case, machine)
                     if reason is None and not machine.has_gpu \
