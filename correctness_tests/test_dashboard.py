@@ -170,18 +170,19 @@ def test_local_run_keeps_every_shipped_result_in_view(local_run, tmp_path):
     # A metric recorded only on a GPU draws in plain numbers (no 4.00e+3).
     gbps = dashboard.render(html, "benchmarks.Softmax.track_gbps", tmp_path / "gbps.png")
     gbps_facts = dashboard.graph_facts(gbps)
-    assert gbps_facts.drawn and gbps_facts.axes[1] == "GB/s", gbps_facts
+    assert gbps_facts.drawn and gbps_facts.axes[1].split(",")[0] == "GB/s", gbps_facts
     assert not [t for t in gbps_facts.tick_labels if "e+" in t or "e-" in t], gbps_facts
 
     # Bars per implementation: each machine's bar of a slot beside the others, none hidden:
-    # every series' fill (flot: its colour at 40% over white) covers a good area.
+    # every series' fill (flot: its colour at 40% over white) shows (a hidden bar shows none;
+    # a 2 us GPU kernel beside 350 us ones is a short bar of a few hundred pixels).
     bars_png = tmp_path / "bars.png"
     bars = dashboard.graph_facts(dashboard.render(
         html, BENCHMARK, bars_png, params={"x-axis": "implementation"}))
     assert bars.drawn and bars.axes[0] == "implementation", bars
     for color, (label, _) in zip(ASV_COLORS, bars.series, strict=False):
         fill = tuple(round(255 - 0.4 * (255 - c)) for c in color)
-        assert _color_pixels(bars_png, fill) > 1000, (label, fill, bars)
+        assert _color_pixels(bars_png, fill) > 100, (label, fill, bars)
 
 
 def _results_folder(root: Path, machine: str, listing: dict,

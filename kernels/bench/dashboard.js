@@ -189,7 +189,9 @@ $(document).ready(function () {
     /* The y axis in its unit (time and bytes scaled to the largest value), starting at 0 with
        headroom above the top point; on a log scale when asv's log button is on, or when the
        values span more than SPREAD_FOR_LOG (a GPU's microseconds beside a CPU's
-       milliseconds), except for bars. Reference mode (ratios) stays asv's. */
+       milliseconds), bars too: flot clips a bar's foot (0) to the axis minimum, so a 2 us bar
+       beside 350 us ones stays visible instead of a sliver. Reference mode (ratios) stays
+       asv's. */
     function y_axis(options, graphs, unit) {
         var y = options.yaxis;
         if ($('#reference').hasClass('active')) {
@@ -210,8 +212,7 @@ $(document).ready(function () {
             label = size[0];
         }
         var zoom = $('#zoom-y-axis').hasClass('active');
-        var bars = options.xaxis.mode === 'categories';
-        var spread = lo > 0 && hi / lo > SPREAD_FOR_LOG && !zoom && !bars;
+        var spread = lo > 0 && hi / lo > SPREAD_FOR_LOG && !zoom;
         if (lo > 0 && (y.transform || spread)) {
             log_axis(y, lo, hi, scale);
             y.axisLabel = label + ', log scale';
