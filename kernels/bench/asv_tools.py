@@ -38,6 +38,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from kernels.bench import recover
+
 LOWER_IS_BETTER = {"time_device": True, "track_tflops": False, "track_gbps": False,
                    "track_roofline": False, "track_speedup": False, "track_peak_memory": True,
                    "track_launch": True}
@@ -204,7 +206,7 @@ def _asv(*args: str) -> None:
         raise subprocess.CalledProcessError(done.returncode, command)
 
 
-DASHBOARD_VARIABLE = "KERNELPERF_DASHBOARD_METRICS"  # perf_tests/benchmarks.py reads it
+DASHBOARD_VARIABLE = recover.DASHBOARD_VARIABLE  # perf_tests/benchmarks.py reads it
 
 
 def bench(revisions: list[str], *, bench_regex: str | None = None) -> str:
@@ -228,9 +230,7 @@ def bench(revisions: list[str], *, bench_regex: str | None = None) -> str:
             _asv(*args)
         except (KeyboardInterrupt, subprocess.CalledProcessError):
             # asv writes a commit's results only at its end: keep what the journals hold.
-            from kernels.bench import recover
-
-            recover.recover_all(machine=name)
+            recover.recover_all(name)
             raise
     return name
 
