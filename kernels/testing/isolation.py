@@ -228,7 +228,7 @@ def device_health() -> str | None:
     for probe in _PROBES:
         reason = probe()
         if reason:
-            return reason
+            return sticky_error(reason) or reason
     return None
 
 
@@ -299,7 +299,8 @@ def _where(frame, test_file: str | None) -> str:
         outer = outer.f_back
     if outer is None or outer is frame:
         return inner
-    return f"{_frame_text(outer.f_code.co_filename, outer.f_lineno, outer.f_code.co_name)} -> {inner}"
+    test = _frame_text(outer.f_code.co_filename, outer.f_lineno, outer.f_code.co_name)
+    return f"{test} -> {inner}"
 
 
 # -- options ---------------------------------------------------------------------------------
@@ -476,10 +477,7 @@ class _Worker:
                 # Nothing of this item ran or was reported (pytest_runtest_logstart comes
                 # later): the controller hands it, and the rest of this worker's queue, to a
                 # fresh worker.
-                _write_json(os.path.join(self.directory, f"reason-{_key(item.nodeid)}.json"),
-                            {"nodeid": item.nodeid, "kind": "requeue",
-                             "message": self.poisoned})
-                os._exit(EXIT_POISONED)
+                self._retire(item.nodeid)
             if is_device_item(item):
                 item.add_marker(pytest.mark.skip(reason=(
                     f"not run: the device is unusable since {self.poisoned}; only xdist "
@@ -497,7 +495,14 @@ class _Worker:
                 # The last item of this worker: end it before session teardown and the
                 # other plugins' end-of-run work touch the poisoned context. Its reports
                 # are in; the controller only notes it finished.
-                os._exit(EXIT_POISONED)
+                self._retire(item.nodeid)
+
+    def _retire(self, nodeid: str) -> None:
+        """End this poisoned worker, leaving the controller a note keyed by `nodeid`."""
+        _write_json(os.path.join(self.directory, f"reason-{_key(nodeid)}.json"),
+                    {"nodeid": nodeid, "kind": "retired",
+                     "message": f"{self.poisoned}, worker {self.worker_id} replaced"})
+        os._exit(EXIT_POISONED)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
@@ -614,6 +619,8 @@ class _Controller:
         return self._labels.get(param) or nodeid.rsplit("::", 1)[-1]
 
     def _reason_file(self, nodeid: str) -> dict | None:
+        """The note a worker left about `nodeid` before it ended ("timeout" or "retired"),
+        read once."""
         path = os.path.join(self.directory, f"reason-{_key(nodeid)}.json")
         try:
             with open(path) as source:
@@ -678,7 +685,7 @@ class _Controller:
             line = (f"{'timeout' if fault and fault.startswith('no result') else 'crash'} in "
                     f"{self.label(nodeid)}: {fault or 'no Python fault record'} "
                     f"(worker {worker_id} {how}; replaced)")
-        self.contained.append(f"{nodeid}: {line}")
+        self._contained(line)
         return line
 
     def settle(self, node, workload: dict[str, dict[str, bool]]) -> str | None:
@@ -693,16 +700,17 @@ class _Controller:
                     continue
                 if nodeid in self.finished:  # ended after its reports (a poisoned last item)
                     unit[nodeid] = True
-                    if self._exit_status(node) == _EXIT_WORDS[EXIT_POISONED]:
-                        self._contained()
+                    reason = self._reason_file(nodeid)
+                    if reason is not None:
+                        self._contained(reason["message"])
                     continue
                 if nodeid in self.started:
                     unit[nodeid] = True
-                    self._contained()
-                    return nodeid
+                    return nodeid  # reported by pytest_handlecrashitem, with blame()'s line
                 reason = self._reason_file(nodeid)
-                if reason is not None and reason["kind"] == "requeue":
-                    self._contained()  # the fault was reported by the item that caused it
+                if reason is not None and reason["kind"] == "retired":
+                    # The item that showed the fault reported it; this one never started.
+                    self._contained(reason["message"])
                     return None
                 self.requeued[nodeid] = self.requeued.get(nodeid, 0) + 1
                 fault = self._fault_record(node.gateway.id, nodeid) or "no Python fault record"
@@ -715,9 +723,10 @@ class _Controller:
                 return None
         return None
 
-    def _contained(self) -> None:
-        """A contained fault costs no restart of xdist's --max-worker-restart budget (unless
-        the user set it): that budget is for workers that die for other reasons."""
+    def _contained(self, line: str) -> None:
+        """Count a contained fault. It costs no restart of xdist's --max-worker-restart budget
+        (unless the user set it): that budget is for workers that die for other reasons."""
+        self.contained.append(line)
         dsession = self.config.pluginmanager.get_plugin("dsession")
         if not self.user_restarts and getattr(dsession, "_max_worker_restart", None) is not None:
             dsession._max_worker_restart += 1
@@ -730,7 +739,9 @@ class _Controller:
             if crashitem not in self.started:
                 reason = self._reason_file(crashitem)
                 self.requeued[crashitem] = self.requeued.get(crashitem, 0) + 1
-                if (reason and reason["kind"] == "requeue") or \
+                if reason is not None and reason["kind"] == "retired":
+                    self._contained(reason["message"])
+                if (reason and reason["kind"] == "retired") or \
                         self.requeued[crashitem] <= REQUEUE_LIMIT:
                     try:
                         sched.mark_test_pending(crashitem)
@@ -740,8 +751,6 @@ class _Controller:
                         report.outcome = "rerun"  # not a result: it runs on a fresh worker
                         report.longrepr = f"not started on worker {node.gateway.id}; requeued"
                         return
-            else:
-                self._contained()
         line = self.blame(crashitem, node) if crashitem in self.started else (
             f"{self.label(crashitem)}: killed {self.requeued.get(crashitem, 0)} workers "
             f"before it started ({self._fault_record(node.gateway.id, crashitem)})")
@@ -767,9 +776,10 @@ class _Controller:
         for line in self.between:
             terminalreporter.write_line(f"kernelperf isolation: {line}")
         if self.contained or self.between:
+            first = f" (first: {self.contained[0]})" if self.contained else ""
             terminalreporter.write_line(
                 f"kernelperf isolation: {len(self.contained)} fault(s) contained, each failing "
-                f"its own item; records kept in {self.directory}")
+                f"its own item{first}; records kept in {self.directory}")
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if not (self.contained or self.between):
