@@ -53,6 +53,7 @@ BENCH_CASE = {"gpu": "f32-256x1024", "cpu": "f32-64x1000"}
 # worker also starts JAX and torch and compiles.
 ITEM_LIMIT_S = {"gpu": 120.0, "cpu": 30.0}
 RUN_LIMIT_S = 900.0  # one pytest or asv run, whatever it does
+NO_ISOLATION_RUN_LIMITS = 6  # item limits a --no-isolation comparison run may take
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -271,7 +272,10 @@ def run_pytest(clone: pathlib.Path, name: str, settings: Settings, out: pathlib.
                "-k", f"test_matches_reference and {OP}- and ({cases})",
                "--item-limit", f"{settings.item_limit:g}", f"--junitxml={junit}",
                *([] if isolation else ["--no-isolation"])]
-    code, wall = _run(command, clone, _environment(clone), settings.run_limit_s,
+    # Without isolation a hang never ends: a few item limits show that well enough.
+    limit = settings.run_limit_s if isolation else \
+        min(settings.run_limit_s, NO_ISOLATION_RUN_LIMITS * settings.item_limit)
+    code, wall = _run(command, clone, _environment(clone), limit,
                       out / f"{name}-pytest{suffix}.log")
     return pytest_row(name, impl, junit_outcomes(junit), wall, code is not None,
                       tool="pytest" if isolation else "pytest --no-isolation")
@@ -289,7 +293,7 @@ def run_asv(clone: pathlib.Path, name: str, commit: str, settings: Settings,
                KERNELPERF_ITEM_LIMIT_S=f"{settings.item_limit:g}")
     benchmark = f"benchmarks.{_benchmark_class()}.time_device"
     command = [sys.executable, "-m", "asv", "run", "--show-stderr", "--bench",
-               f"{_benchmark_class()}\\.time_device$", f"{commit}^!"]
+               f"{_benchmark_class()}\\.time_device", f"{commit}^!"]
     code, wall = _run(command, clone, env, settings.run_limit_s, out / f"{name}-asv.log")
     values = asv_values(clone / ".asv" / "results", commit, benchmark)
     reasons = journal_failures(clone, commit)
@@ -306,6 +310,10 @@ def run_asv(clone: pathlib.Path, name: str, commit: str, settings: Settings,
     return Row(name, "asv", int(failed(planted)), int(planted != "missing"),
                int(failed(other)), int(measured(other)), int(other != "missing"), wall,
                code in (0, 2), reasons.get(impl, ""))
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _print(line: str) -> None:
@@ -330,6 +338,8 @@ def main_flow(settings: Settings, *, source: pathlib.Path | None = None, keep: b
     _git(clone, "config", "user.email", "fault-drill@kernelperf")
     _git(clone, "config", "user.name", "kernelperf fault-drill")
     rows: list[Row] = []
+    # A TERM (a time limit around the drill) reports what ran and kills the run in flight.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         for name in settings.chosen_faults:
             planted = faults.fault(name)
