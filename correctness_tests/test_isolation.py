@@ -266,6 +266,42 @@ def test_without_isolation_the_scheduler_is_xdists_own(tmp_path):
     assert first in sched.workqueue  # xdist's behaviour: the crashed item runs again
 
 
+def test_a_contained_fault_costs_no_restart_of_xdists_budget_unless_the_user_set_it(tmp_path):
+    sched, controller = _scheduler(tmp_path)
+    dsession = types.SimpleNamespace(_max_worker_restart=4)
+    controller.config.pluginmanager.get_plugin = {"dsession": dsession}.get
+    controller.user_restarts = False
+    controller._contained("one")
+    assert dsession._max_worker_restart == 5 and controller.contained == ["one"]
+    controller.user_restarts = True  # --max-worker-restart given: the user's number holds
+    controller._contained("two")
+    assert dsession._max_worker_restart == 5
+
+
+def test_under_xdists_load_scheduler_an_item_that_never_started_is_requeued(tmp_path):
+    """--dist load: xdist blames the first pending item, which never started when the worker
+    retired before it; it is handed back (shown as a rerun), not failed."""
+    _, controller = _scheduler(tmp_path)
+    pending = []
+    sched = types.SimpleNamespace(mark_test_pending=pending.append)
+    def report():
+        return types.SimpleNamespace(node=_Node("gw0"), outcome="failed", when="???",
+                                     longrepr="worker 'gw0' crashed while running ...",
+                                     location=("t.py", None, "t.py"))
+
+    isolation._write_json(os.path.join(str(tmp_path), f"reason-{isolation._key('t.py::b')}.json"),
+                          {"kind": "retired", "message": "t.py::a faulted"})
+    retired = report()
+    controller.pytest_handlecrashitem("t.py::b", retired, sched)
+    assert pending == ["t.py::b"] and retired.outcome == "rerun"
+    controller.started.add("t.py::c")  # it died inside this one: failed, with its line
+    crashed = report()
+    controller.pytest_handlecrashitem("t.py::c", crashed, sched)
+    assert pending == ["t.py::b"] and crashed.outcome == "failed" and crashed.when == "call"
+    assert crashed.longrepr.startswith("crash in c: no Python fault record (worker gw0 ")
+    assert crashed.location == ("t.py", None, "c")
+
+
 # -- the stand-ins ------------------------------------------------------------------------------
 
 def test_the_sticky_stand_in_fails_every_implementation_of_its_operation_after_it(monkeypatch):

@@ -332,8 +332,6 @@ def _on_gpu() -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", f"{LIMIT_MARK}(seconds): this item's time limit (0: "
-                            "none), instead of its case's or the default")
     if config.getoption("no_isolation"):
         return
     workerinput = getattr(config, "workerinput", None)
