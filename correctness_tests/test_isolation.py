@@ -454,3 +454,71 @@ def test_in_one_process_a_hang_ends_the_run_naming_the_item(tmp_path):
         "--plant-fault", f"{OP}:hang", "--item-limit", "3", timeout=120)
     assert code == isolation.EXIT_TIMEOUT, output[-3000:]
     assert f"timeout in {OP}-fault_hang {case} (normal inputs): no result after 3 s" in output
+
+
+# -- the drill ---------------------------------------------------------------------------------
+
+def test_the_drill_reads_pytests_and_asvs_results(tmp_path):
+    junit = tmp_path / "run.xml"
+    junit.write_text(textwrap.dedent("""\
+        <testsuites><testsuite>
+          <testcase classname="t" name="test_matches_reference[softmax-xla-f32-37x128-normal]">
+            <failure message="crash in softmax-xla f32-37x128 (normal inputs): Aborted&#10;more"/>
+          </testcase>
+          <testcase classname="t" name="test_matches_reference[softmax-torch-f32-37x128-normal]"/>
+          <testcase classname="t" name="test_matches_reference[softmax-cuda-f32-37x128-normal]">
+            <skipped message="needs a CUDA GPU"/>
+          </testcase>
+          <testcase classname="t" name="test_matches_reference[softmax-pallas-f32-37x128-normal]">
+            <error message="worker crashed"/>
+          </testcase>
+        </testsuite></testsuites>"""))
+    row = drill.pytest_row("abort", "xla", drill.junit_outcomes(junit), 12.0, True)
+    assert (row.planted_failed, row.planted_ran, row.wrong_failed, row.kept, row.others) == \
+        (1, 1, 1, 1, 2)
+    assert row.message == "crash in softmax-xla f32-37x128 (normal inputs): Aborted"
+    assert not row.contained  # the pallas item failed too
+    results = tmp_path / "results" / "machine"
+    results.mkdir(parents=True)
+    (results / "abcdef12-kernelperf-py3.11.json").write_text(
+        '{"result_columns": ["result", "params"], "results": {"benchmarks.Softmax.time_device": '
+        '[[null, 0.001], [["\'torch\'", "\'xla\'"], ["\'f32-64x1000\'"], ["\'fwd\'"]]]}}')
+    assert drill.asv_values(tmp_path / "results", "abcdef1234", "benchmarks.Softmax.time_device") \
+        == {"torch": None, "xla": 0.001}
+
+
+def test_the_drill_fails_when_a_fault_escapes_and_not_for_its_comparison_runs():
+    lines = []
+    escaped = drill.Row("sticky", "pytest", 2, 2, 3, 3, 6, 30.0, True, "device fault in ...")
+    comparison = drill.Row("sticky", "pytest --no-isolation", 2, 2, 5, 1, 6, 26.0, True, "")
+    assert drill.report([comparison], lines.append) == 0
+    assert drill.report([escaped, comparison], lines.append) == 1
+    assert lines[-1] == "fault-drill: NOT CONTAINED: sticky (pytest)"
+
+
+@pytest.mark.parametrize("flags, match", [
+    (dict(faults=("cuda-oob",)), "cuda-oob cannot run on a cpu"),
+    (dict(faults=("nope",)), "fault: expected one of"),
+    (dict(tools=("ctest",)), "tools: expected some of"),
+    (dict(workers=0), "workers: expected >= 1"),
+    (dict(item_limit_s=100.0, run_limit_s=50.0), "run_limit_s: expected more than"),
+])
+def test_bad_drill_settings_are_refused_before_any_clone(flags, match):
+    with pytest.raises(ValueError, match=match):
+        drill.Settings(platform="cpu", **flags)
+
+
+@pytest.mark.slow
+def test_the_drill_contains_an_abort_in_pytest_and_in_asv_on_a_cpu():
+    """The drill end to end on a CPU, narrowed to one fault: it plants the abort in softmax-xla
+    in a scratch clone of HEAD (committed code only), runs pytest and asv against it, and
+    finds both contained."""
+    lines: list[str] = []
+    settings = drill.Settings(platform="cpu", faults=("abort",))
+    assert drill.main_flow(settings, source=ROOT, log=lines.append) == 0, "\n".join(lines)
+    printed = "\n".join(lines).splitlines()
+    rows = [line.split() for line in printed if line.startswith("abort ")]
+    assert [row[1] for row in rows] == ["pytest", "asv"]
+    assert all(row[2:5] == (["2/2", "0", "6/6"] if row[1] == "pytest" else ["1/1", "0", "1/1"])
+               for row in rows), "\n".join(lines)
+    assert any("crash in softmax-xla f32-37x128" in line for line in printed)

@@ -340,7 +340,7 @@ def main_flow(settings: Settings, *, source: pathlib.Path | None = None, keep: b
     _git(clone, "config", "user.name", "kernelperf fault-drill")
     rows: list[Row] = []
     # A TERM (a time limit around the drill) reports what ran and kills the run in flight.
-    signal.signal(signal.SIGTERM, _interrupt)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         for name in settings.chosen_faults:
             planted = faults.fault(name)
@@ -361,6 +361,8 @@ def main_flow(settings: Settings, *, source: pathlib.Path | None = None, keep: b
                     f"{row.wall_s:.0f} s{'' if row.ended else ' (did not end: killed)'}")
     except KeyboardInterrupt:
         log(f"fault-drill: interrupted after {len(rows)} run(s); reporting those")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     status = report(rows, log)
     if keep:
         log(f"kept {scratch} (clone, logs in drill-logs/)")
