@@ -258,8 +258,13 @@ def _plant(clone: pathlib.Path, name: str) -> str:
 
 
 def _environment(clone: pathlib.Path) -> dict[str, str]:
-    # The clone's kernels, whatever this process imports (an editable install, PYTHONPATH).
-    return dict(os.environ, PYTHONPATH=str(clone), PYTHONUNBUFFERED="1")
+    """This environment, with the clone's kernels first on the path: before an editable
+    install's, and instead of another checkout named on PYTHONPATH (whose other entries,
+    asv's wheels on the GPU machine for one, stay)."""
+    kept = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+            if entry and not (pathlib.Path(entry) / "kernels" / "__init__.py").exists()]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(clone), *kept]),
+                PYTHONUNBUFFERED="1")
 
 
 def run_pytest(clone: pathlib.Path, name: str, settings: Settings, out: pathlib.Path,
