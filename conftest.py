@@ -56,8 +56,10 @@ from kernels.core import devices, registry  # noqa: E402
 from kernels.testing import scheduling  # noqa: E402
 
 # The persistent compilation cache for the run and its hit rate in the summary; the phase
-# breakdown of the kernel checks.
-pytest_plugins = ("kernels.testing.compilation_cache_plugin", "kernels.testing.phases_plugin")
+# breakdown of the kernel checks; fault containment (a kernel that crashes, hangs or poisons
+# the device fails its own items only); test-only faulty implementations (--plant-fault).
+pytest_plugins = ("kernels.testing.compilation_cache_plugin", "kernels.testing.phases_plugin",
+                  "kernels.testing.isolation", "kernels.testing.faults")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,10 +164,22 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
     xdist groups by an `@group` suffix it writes into each worker's node ids, which pytest
     9.2 no longer reads back (node ids are derived, not stored); the controller can name
-    every kernel item's group itself, from the same parameters the workers collect."""
+    every kernel item's group itself, from the same parameters the workers collect. This
+    scheduler and loadscope's and loadfile's take isolation.ReplacementFixes: after a worker
+    dies, xdist would run its crashed item again on every replacement, and could lose or
+    stall work while a replacement joins."""
+    from xdist.scheduler import LoadFileScheduling, LoadGroupScheduling, LoadScopeScheduling
+
+    # Imported here, not above: a plugin module imported before pytest registers it (see
+    # pytest_plugins) misses pytest's assertion rewriting, with a warning.
+    from kernels.testing import isolation
+
+    if config.option.dist in ("loadscope", "loadfile"):
+        base = LoadScopeScheduling if config.option.dist == "loadscope" else LoadFileScheduling
+        return type(f"Replacing{base.__name__}", (isolation.ReplacementFixes, base), {})(
+            config, log)
     if config.option.dist != "loadgroup":
         return None
-    from xdist.scheduler import LoadGroupScheduling
 
     groups = {}
     for param in kernel_params():
@@ -173,7 +187,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             if mark.name == "xdist_group":
                 groups[param.id] = mark.args[0]
 
-    class KernelGroupScheduling(LoadGroupScheduling):
+    class KernelGroupScheduling(isolation.ReplacementFixes, LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
             test_id = nodeid[nodeid.rfind("[") + 1:nodeid.rfind("]")] if "[" in nodeid else ""
             return groups.get(test_id) or super()._split_scope(nodeid)

@@ -107,6 +107,8 @@ def test_exit_status_by_worst_verdict():
     assert asv_tools.exit_status([]) == 0
     assert asv_tools.exit_status([row("same"), row("faster"), row("too noisy to tell")]) == 0
     assert asv_tools.exit_status([row("same"), row("slower")]) == 1
+    # A benchmark that fails on the head fails the gate as a slower one does; 2 stays a
+    # user's mistake on the command line.
     assert asv_tools.exit_status([row("same"), row("FAILED on head")]) == 1
     assert asv_tools.exit_status([row("slower"), row("FAILED on head")]) == 1
 

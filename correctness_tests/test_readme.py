@@ -323,6 +323,9 @@ def _outcome(command: Command, run: Run, log: Path, limit: float) -> tuple[bool,
 
 @pytest.mark.readme
 @pytest.mark.slow
+# One item runs every command (each under COMMAND_TIMEOUT_S): more than the default limit
+# of kernels/testing/isolation.py allows a test on a slow machine.
+@pytest.mark.item_limit(3 * COMMAND_TIMEOUT_S)
 @pytest.mark.skipif(os.environ.get("KERNELPERF_README_CHECK") != "1",
                     reason="minutes on 2 cores: run by `make readme-check` (in make test)")
 def test_every_cpu_command_in_the_readme_runs(tmp_path):

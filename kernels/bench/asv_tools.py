@@ -38,6 +38,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from kernels.bench import recover
 from kernels.core import environment
 
 LOWER_IS_BETTER = {"time_device": True, "track_tflops": False, "track_gbps": False,
@@ -232,9 +233,7 @@ def bench(revisions: list[str], *, bench_regex: str | None = None) -> str:
             _asv(*args)
         except (KeyboardInterrupt, subprocess.CalledProcessError):
             # asv writes a commit's results only at its end: keep what the journals hold.
-            from kernels.bench import recover
-
-            recover.recover_all(machine=name)
+            recover.recover_all(name)
             raise
         # asv's list now names the dashboard metrics; a later plain `asv run` rewrites it
         # without them, so the dashboard keeps this one (kernels.bench.dashboard.KEPT_LIST).

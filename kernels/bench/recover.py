@@ -29,6 +29,7 @@ import sys
 from collections.abc import Callable
 
 from kernels.bench import breakdown
+from kernels.core import environment
 
 JOURNAL_VARIABLE = "KERNELPERF_JOURNAL_DIR"  # perf_tests/benchmarks.py reads records there only
 
@@ -58,8 +59,6 @@ def _suite(journal_dir: pathlib.Path, dashboard: bool):
     for narrowing in ("KERNELPERF_BENCH_IMPLS", "KERNELPERF_BENCH_CASES",
                       "KERNELPERF_BENCH_DIRECTIONS"):
         os.environ.pop(narrowing, None)
-    from kernels.core import environment
-
     if dashboard:
         os.environ[environment.DASHBOARD_VARIABLE] = "1"
     else:
@@ -91,12 +90,35 @@ def _value(benchmarks, cls, method: str, params: tuple) -> tuple[float | None, l
         benchmarks._REPLAY.clear()
 
 
+# What _suite sets for a replay, and recover() puts back after it: left behind, the journal
+# folder made every later benchmark of the process replay it (seen in the test suite:
+# test_asv_tools after test_recover read "not measured").
+_REPLAY_VARIABLES = (JOURNAL_VARIABLE, "KERNELPERF_BENCH_FULL", "KERNELPERF_BENCH_IMPLS",
+                     "KERNELPERF_BENCH_CASES", "KERNELPERF_BENCH_DIRECTIONS",
+                     environment.DASHBOARD_VARIABLE)
+
+
 def recover(journal_dir: pathlib.Path, results_dir: pathlib.Path, benchmarks_json: pathlib.Path,
             machine: str, commit: str, *, python: str | None = None,
             log: Callable[[str], None] = _print) -> int:
     """Add the journal's records of `commit` to its asv results file in `results_dir` (for
     the environment of `python`, "3.12", by default this interpreter's); returns how many
-    benchmarks were written."""
+    benchmarks were written. The process's environment is as it was afterwards."""
+    saved = {name: os.environ.get(name) for name in _REPLAY_VARIABLES}
+    try:
+        return _recover(journal_dir, results_dir, benchmarks_json, machine, commit,
+                        python=python, log=log)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _recover(journal_dir: pathlib.Path, results_dir: pathlib.Path, benchmarks_json: pathlib.Path,
+             machine: str, commit: str, *, python: str | None,
+             log: Callable[[str], None]) -> int:
     from asv import results as asv_results
     from asv import runner as asv_runner
 
@@ -164,12 +186,10 @@ def interrupted_runs(results_dir: pathlib.Path, machine: str) -> list[tuple[path
     return [(folder, commit) for commit, folder in newest.items()]
 
 
-def recover_all(results_dir: str = ".asv/results", machine: str | None = None, *,
+def recover_all(machine: str, results_dir: str = ".asv/results", *,
                 log: Callable[[str], None] = _print) -> int:
-    """Recover every interrupted run here (see `interrupted_runs`); how many commits."""
-    from kernels.core import fingerprint
-
-    machine = machine or fingerprint.identity().model  # asv_tools.machine_name()
+    """Recover every interrupted run of asv machine `machine` here (see `interrupted_runs`);
+    how many commits."""
     benchmarks_json = pathlib.Path(results_dir) / "benchmarks.json"
     runs = interrupted_runs(pathlib.Path(results_dir), machine)
     if not runs or not benchmarks_json.exists():

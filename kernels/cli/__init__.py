@@ -4,7 +4,8 @@ bench, compare, profile, memory, hlo, tune, ...; `--help` lists them all).
 One module per command group, each with an `add_commands(sub)` that registers its commands
 and returns name -> handler: check (list, check), bench (bench, compare, noise-floor,
 gate-power), measure (time, roofline, plot-roofline, ceilings, verify-timing), profile
-(profile, memory, hlo, bottleneck) and tune. Nothing in the package below imports this one.
+(profile, memory, hlo, bottleneck), tune, and drill (fault-drill). Nothing in the package
+below imports this one.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ from kernels.core import environment, validation
 
 def main(argv: list[str] | None = None) -> int:
     environment.configure()
-    from kernels.cli import bench, check, measure, profile, tune
+    from kernels.cli import bench, check, drill, measure, profile, tune
 
     parser = arguments.Parser(prog="python -m kernels", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     commands = {}
-    for group in (check, bench, measure, profile, tune):
+    for group in (check, bench, measure, profile, tune, drill):
         commands.update(group.add_commands(sub))
     args = parser.parse_args(argv)
     try:

@@ -50,7 +50,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     """asv results from the measuring journals of runs that were cut short."""
     from kernels.bench import recover
 
-    recover.recover_all(machine=args.machine)
+    recover.recover_all(args.machine or asv_tools.machine_name())
     return 0
 
 

@@ -23,6 +23,22 @@ def on_gpu() -> bool:
     return jax.default_backend() == "gpu"
 
 
+def started_gpu_device() -> jax.Device | None:
+    """The first device of a JAX GPU backend this process has already started, else None.
+
+    Starts nothing: it reads JAX's own table of started backends (private, `xla_bridge._backends`;
+    keyed "cuda" in jax 0.10 and 0.11), so a check that uses it costs a CPU run nothing and
+    never brings a GPU backend up just to look at it (kernels/testing/isolation.py)."""
+    from jax._src import xla_bridge
+
+    started = getattr(xla_bridge, "_backends", None) or {}
+    for platform in ("cuda", "rocm", "gpu"):
+        backend = started.get(platform)
+        if backend is not None:
+            return backend.local_devices()[0]
+    return None
+
+
 def pallas_interpret() -> bool:
     """Pallas kernels run in interpret mode wherever JAX has no GPU."""
     return not on_gpu()

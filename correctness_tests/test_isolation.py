@@ -1,0 +1,524 @@
+"""Fault containment (kernels/testing/isolation.py): a kernel that crashes, hangs or leaves a
+sticky device error fails its own items only, under xdist workers; its parts one by one, then
+child pytest runs over an operation with faulty stand-ins registered beside the real
+implementations (kernels/testing/faults.py's --plant-fault)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+import types
+
+import numpy as np
+import pytest
+
+from kernels.core import registry
+from kernels.testing import drill, faults, isolation
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+OP = "mlp"  # the operation with the fewest kernel items: a child run over it takes ~20 s
+
+
+def _cpu_cases(op: str) -> list[str]:
+    return [case.id for case in registry.operation(op).cases_tagged("cpu")]
+
+
+# -- sticky errors ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, expected", [
+    ("CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be "
+     "asynchronously reported", "CUDA_ERROR_ILLEGAL_ADDRESS"),
+    ("INTERNAL: Failed to synchronize: CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access",
+     "CUDA_ERROR_ILLEGAL_ADDRESS"),
+    ("Triton Error [CUDA]: unspecified launch failure", "CUDA_ERROR_LAUNCH_FAILED"),
+    ("cudaErrorMisalignedAddress", "CUDA_ERROR_MISALIGNED_ADDRESS"),
+    ("RuntimeError: CUDA error: device-side assert triggered", "CUDA_ERROR_ASSERT"),
+    ("CUDA_ERROR_ILLEGAL_INSTRUCTION", "CUDA_ERROR_ILLEGAL_INSTRUCTION"),
+])
+def test_sticky_errors_are_named_by_their_driver_code(text, expected):
+    found = isolation.sticky_error(text)
+    assert found is not None and found.startswith(f"{expected}: ")
+
+
+@pytest.mark.parametrize("text", [
+    "CUDA out of memory. Tried to allocate 2.00 GiB",  # the context stays usable
+    "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4096 bytes",
+    "CUDA_ERROR_OUT_OF_MEMORY: out of memory",
+    "CUDA error: invalid argument",
+    "assert 0.5 < 0.1",
+])
+def test_errors_that_leave_the_context_usable_are_not_sticky(text):
+    assert isolation.sticky_error(text) is None
+
+
+def test_a_sticky_error_is_found_through_causes_and_groups():
+    try:
+        try:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        except RuntimeError as inner:
+            raise ValueError("comparison failed") from inner
+    except ValueError as outer:
+        chained = outer
+    assert isolation.sticky_in_exception(chained).startswith("CUDA_ERROR_ILLEGAL_ADDRESS")
+    group = ExceptionGroup("two", [ValueError("x"), RuntimeError("misaligned address")])
+    assert isolation.sticky_in_exception(group).startswith("CUDA_ERROR_MISALIGNED_ADDRESS")
+    assert isolation.sticky_in_exception(ValueError("plain")) is None
+
+
+def test_the_device_check_starts_no_backend_and_costs_microseconds_on_a_cpu():
+    """With torch and JAX imported but not started (as in a CPU test run), the check looks at
+    their bookkeeping only: no backend comes up, and a call costs microseconds."""
+    probe = textwrap.dedent("""
+        import time
+        import jax, torch
+        from jax._src import xla_bridge
+        from kernels.testing import isolation
+        start = time.perf_counter()
+        for _ in range(10000):
+            assert isolation.device_health() is None
+        per_call = (time.perf_counter() - start) / 10000
+        print(per_call, dict(xla_bridge._backends), torch.cuda.is_initialized())
+    """)
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stderr[-2000:]
+    per_call, backends, torch_started = done.stdout.split(maxsplit=2)
+    assert (backends, torch_started.strip()) == ("{}", "False")
+    assert float(per_call) < 50e-6
+
+
+# -- limits ---------------------------------------------------------------------------------------
+
+def _item(kernel_item=None, mark_seconds=None):
+    marks = {} if mark_seconds is None else {
+        isolation.LIMIT_MARK: types.SimpleNamespace(args=(mark_seconds,))}
+    params = {} if kernel_item is None else {"kernel_item": kernel_item}
+    return types.SimpleNamespace(get_closest_marker=marks.get, name="test_x",
+                                 callspec=types.SimpleNamespace(params=params))
+
+
+def test_a_kernel_items_limit_grows_with_its_case_and_a_mark_or_the_option_wins():
+    op = registry.operation("softmax")
+    impl = registry.implementation("softmax", "xla")
+    small, large = op.case("f32-37x128"), op.case("f32-32768x4096")
+
+    def limit(case, **kwargs):
+        item = _item(types.SimpleNamespace(impl=impl, case=case, distribution="normal"),
+                     kwargs.pop("mark", None))
+        return isolation.item_limit(item, kwargs.pop("fixed", None), kwargs.pop("on_gpu"))
+
+    gpu_small, gpu_large = limit(small, on_gpu=True)[0], limit(large, on_gpu=True)[0]
+    assert gpu_small == pytest.approx(isolation.GPU_LIMITS.kernel_s, rel=1e-3)
+    assert gpu_large > gpu_small + isolation.GPU_LIMITS.per_gib_s  # a GiB or more
+    assert limit(small, on_gpu=False) == (isolation.CPU_LIMITS.kernel_s,
+                                          "the limit for this case's size")
+    assert limit(large, on_gpu=True, fixed=7.0) == (7.0, "--item-limit")
+    assert limit(large, on_gpu=True, fixed=7.0, mark=3) == (3.0, "its item_limit mark")
+    assert isolation.item_limit(_item(), None, False) == (isolation.CPU_LIMITS.other_s,
+                                                           "the default limit")
+
+
+def test_bad_limits_are_refused():
+    with pytest.raises(ValueError, match="kernel_s, per_gib_s, other_s"):
+        isolation.Limits(kernel_s=0, per_gib_s=1, other_s=1)
+
+
+# -- the controller's one line from a dead worker's fault record ----------------------------------
+
+def test_a_fatal_signal_record_becomes_one_line_with_the_test_and_the_innermost_frame(tmp_path):
+    controller = isolation._Controller.__new__(isolation._Controller)
+    controller.directory = str(tmp_path)
+    (tmp_path / "fault-gw3.txt").write_text(textwrap.dedent("""\
+        Fatal Python error: Aborted
+
+        Thread 0x00007f (most recent call first):
+          File "/usr/lib/python3.11/threading.py", line 324 in wait
+
+        Current thread 0x00007e (most recent call first):
+          File "/repo/kernels/ops/softmax/xla.py", line 40 in planted
+          File "/repo/kernels/core/checking.py", line 200 in check
+          File "/repo/correctness_tests/test_kernels.py", line 26 in test_matches_reference
+          File "/venv/_pytest/runner.py", line 170 in pytest_runtest_call
+        """))
+    line = controller._fault_record("gw3", "correctness_tests/test_kernels.py::test_x[a]")
+    assert line == ("Fatal Python error: Aborted at test_kernels.py:26 test_matches_reference "
+                    "-> xla.py:40 planted")
+    (tmp_path / "fault-gw4.txt").write_text(textwrap.dedent("""\
+        Timeout (0:00:13)!
+        Thread 0x00007f (most recent call first):
+          File "/usr/lib/python3.11/re/__init__.py", line 166 in match
+          File "/repo/correctness_tests/test_kernels.py", line 26 in test_matches_reference
+          File "/venv/_pytest/runner.py", line 170 in pytest_runtest_call
+        """))
+    line = controller._fault_record("gw4", "correctness_tests/test_kernels.py::test_x[a]")
+    assert line.startswith("no result after 0:00:13 with the GIL held")
+    assert line.endswith("at test_kernels.py:26 test_matches_reference -> __init__.py:166 match")
+
+
+# -- the scheduler fixes --------------------------------------------------------------------------
+
+class _Node:
+    def __init__(self, name: str):
+        self.gateway = types.SimpleNamespace(id=name)
+        self.shutting_down = False
+        self.sent: list[list[int]] = []
+
+    def send_runtest_some(self, indices):
+        self.sent.append(list(indices))
+
+    def shutdown(self):
+        self.shutting_down = True
+
+    def __repr__(self):
+        return self.gateway.id
+
+
+def _scheduler(tmp_path, isolating: bool = True):
+    """A loadgroup scheduler with the project's fixes, one item per group (as kernel items of
+    a case under -k can be), and a controller registered where it looks for one."""
+    from xdist.scheduler import LoadGroupScheduling
+
+    class Scheduling(isolation.ReplacementFixes, LoadGroupScheduling):
+        def _split_scope(self, nodeid):
+            return nodeid
+
+    controller = isolation._Controller.__new__(isolation._Controller)
+    plugins = {"kernelperf-isolation-controller": controller} if isolating else {}
+    config = types.SimpleNamespace(pluginmanager=types.SimpleNamespace(get_plugin=plugins.get),
+                                   option=types.SimpleNamespace(loadscopereorder=False))
+    controller.__dict__.update(config=config, directory=str(tmp_path), started=set(),
+                               finished=set(), requeued={}, contained=[], between=[],
+                               user_restarts=True, _labels={})
+    sched = Scheduling.__new__(Scheduling)
+    sched.__dict__.update(numnodes=2, collection=None, workqueue={}, assigned_work={},
+                          registered_collections={}, config=config, log=lambda *a: None)
+    from collections import OrderedDict
+
+    sched.workqueue = OrderedDict()
+    return sched, controller
+
+
+def _start(sched, items, nodes):
+    for node in nodes:
+        sched.add_node(node)
+        sched.add_node_collection(node, items)
+    sched.schedule()
+
+
+def test_a_crashed_item_fails_once_and_what_never_started_is_requeued(tmp_path):
+    items = [f"t.py::test[{i}]" for i in range(8)]
+    sched, controller = _scheduler(tmp_path)
+    gw0, gw1 = _Node("gw0"), _Node("gw1")
+    _start(sched, items, [gw0, gw1])
+    first, second = sched.assigned_work[gw0]  # two one-item units each
+    controller.started.add(first)  # gw0 dies inside its first item
+    crashed = sched.remove_node(gw0)
+    assert crashed == first
+    queued = [nodeid for unit in sched.workqueue.values() for nodeid in unit]
+    assigned = [nodeid for unit in sched.assigned_work[gw1].values() for nodeid, done
+                in unit.items() if not done]
+    assert first not in queued + assigned  # xdist ran it again on every replacement
+    assert second in queued + assigned
+
+
+def test_a_retired_workers_finished_item_is_not_blamed(tmp_path):
+    items = [f"t.py::test[{i}]" for i in range(4)]
+    sched, controller = _scheduler(tmp_path)
+    gw0, gw1 = _Node("gw0"), _Node("gw1")
+    _start(sched, items, [gw0, gw1])
+    first, second = sched.assigned_work[gw0]
+    controller.started.add(first)
+    controller.finished.add(first)  # reported, then the worker retired before the next
+    isolation._write_json(os.path.join(str(tmp_path), f"reason-{isolation._key(second)}.json"),
+                          {"kind": "retired", "message": "x faulted (CUDA_ERROR_...)"})
+    assert sched.remove_node(gw0) is None
+    assert controller.contained == ["x faulted (CUDA_ERROR_...)"]
+    # A unit with nothing left is not requeued: it would go out as an empty batch, on which
+    # the worker that takes it waits for ever.
+    assert all(not all(unit.values()) for unit in sched.workqueue.values())
+    left = [n for unit in [*sched.workqueue.values(), *sched.assigned_work[gw1].values()]
+            for n, done in unit.items() if not done]
+    assert first not in left and second in left
+
+
+def test_a_joining_worker_gets_no_work_before_its_collection_then_two_items(tmp_path):
+    items = [f"t.py::test[{i}]" for i in range(10)]
+    sched, controller = _scheduler(tmp_path)
+    gw0, gw1, gw2 = _Node("gw0"), _Node("gw1"), _Node("gw2")
+    _start(sched, items, [gw0, gw1])
+    sched.add_node(gw2)  # a replacement, at workerready: no collection yet
+    controller.started.add(next(iter(sched.assigned_work[gw0])))
+    sched.remove_node(gw0)  # reschedules every node, gw2 included: no KeyError, nothing lost
+    assert sched.assigned_work[gw2] == {}
+    sched.add_node_collection(gw2, items)
+    sched.schedule()
+    pending = sum(not done for unit in sched.assigned_work[gw2].values() for done in unit.values())
+    assert pending == 2  # one would leave it waiting for the next index (xdist remote.py)
+
+
+def test_without_isolation_the_scheduler_is_xdists_own(tmp_path):
+    items = [f"t.py::test[{i}]" for i in range(4)]
+    sched, _ = _scheduler(tmp_path, isolating=False)
+    gw0, gw1 = _Node("gw0"), _Node("gw1")
+    _start(sched, items, [gw0, gw1])
+    first = next(iter(sched.assigned_work[gw0]))
+    assert sched.remove_node(gw0) == first
+    assert first in sched.workqueue  # xdist's behaviour: the crashed item runs again
+
+
+def test_a_contained_fault_costs_no_restart_of_xdists_budget_unless_the_user_set_it(tmp_path):
+    sched, controller = _scheduler(tmp_path)
+    dsession = types.SimpleNamespace(_max_worker_restart=4)
+    controller.config.pluginmanager.get_plugin = {"dsession": dsession}.get
+    controller.user_restarts = False
+    controller._contained("one")
+    assert dsession._max_worker_restart == 5 and controller.contained == ["one"]
+    controller.user_restarts = True  # --max-worker-restart given: the user's number holds
+    controller._contained("two")
+    assert dsession._max_worker_restart == 5
+
+
+def test_under_xdists_load_scheduler_an_item_that_never_started_is_requeued(tmp_path):
+    """--dist load: xdist blames the first pending item, which never started when the worker
+    retired before it; it is handed back (shown as a rerun), not failed."""
+    _, controller = _scheduler(tmp_path)
+    pending = []
+    sched = types.SimpleNamespace(mark_test_pending=pending.append)
+    def report():
+        return types.SimpleNamespace(node=_Node("gw0"), outcome="failed", when="???",
+                                     longrepr="worker 'gw0' crashed while running ...",
+                                     location=("t.py", None, "t.py"))
+
+    isolation._write_json(os.path.join(str(tmp_path), f"reason-{isolation._key('t.py::b')}.json"),
+                          {"kind": "retired", "message": "t.py::a faulted"})
+    retired = report()
+    controller.pytest_handlecrashitem("t.py::b", retired, sched)
+    assert pending == ["t.py::b"] and retired.outcome == "rerun"
+    controller.started.add("t.py::c")  # it died inside this one: failed, with its line
+    crashed = report()
+    controller.pytest_handlecrashitem("t.py::c", crashed, sched)
+    assert pending == ["t.py::b"] and crashed.outcome == "failed" and crashed.when == "call"
+    assert crashed.longrepr.startswith("crash in c: no Python fault record (worker gw0 ")
+    assert crashed.location == ("t.py", None, "c")
+
+
+# -- the stand-ins ------------------------------------------------------------------------------
+
+def test_the_sticky_stand_in_fails_every_implementation_of_its_operation_after_it(monkeypatch):
+    saved = dict(registry._IMPLEMENTATIONS)
+    monkeypatch.setattr(registry, "register_implementation", registry.register_implementation)
+    try:
+        namespace = {"registry": registry}
+        exec(faults.plant_source("sticky", "softmax", "xla", register_as="fault_sticky"),
+             namespace)
+        x = np.ones((2, 3), np.float32)
+        assert registry.implementation("softmax", "xla").fn(x) is not None  # not yet
+        with pytest.raises(RuntimeError, match="an illegal memory access"):
+            registry.implementation("softmax", "fault_sticky").fn(x)
+        with pytest.raises(RuntimeError, match="CUDA_ERROR_ILLEGAL_ADDRESS"):
+            registry.implementation("softmax", "xla").fn(x)
+        assert registry.implementation("row_sum", "xla").fn(x) is not None  # other operations
+    finally:
+        registry._IMPLEMENTATIONS.clear()
+        registry._IMPLEMENTATIONS.update(saved)
+
+
+def test_unknown_faults_and_cases_are_refused_naming_the_known_ones():
+    with pytest.raises(ValueError, match=r"fault: expected one of \[.*'abort'"):
+        faults.fault("segfault")
+    with pytest.raises(KeyError, match="case: expected one of"):
+        faults.register_stand_in("softmax", "abort", "f32-1x1")
+
+
+# -- child runs: the faults contained, end to end ---------------------------------------------
+
+def _child_pytest(tmp_path, *args: str, timeout: float = 300):
+    """pytest over test_kernels.py in a child process; (exit status or None if it had to be
+    killed, outcomes by test id, output)."""
+    junit = tmp_path / "junit.xml"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env["PYTHONPATH"] = str(ROOT)
+    command = [sys.executable, "-m", "pytest", "correctness_tests/test_kernels.py",
+               "-p", "no:cacheprovider", f"--junitxml={junit}", "-q", *args]
+    try:
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=timeout, start_new_session=True)
+    except subprocess.TimeoutExpired as error:
+        return None, drill.junit_outcomes(junit), str(error.stdout)
+    return done.returncode, drill.junit_outcomes(junit), done.stdout + done.stderr
+
+
+def _split(outcomes, names):
+    """(failed ids, ids of the stand-ins `names` that ran, other ids that ran but did not
+    pass)."""
+    failed = {k for k, (outcome, _) in outcomes.items() if outcome == "failed"}
+    planted = {k for k, (outcome, _) in outcomes.items()
+               if outcome != "skipped" and any(f"{OP}-{name}-" in k for name in names)}
+    wrong = {k for k, (outcome, _) in outcomes.items()
+             if outcome not in ("passed", "skipped") and k not in planted}
+    return failed, planted, wrong
+
+
+@pytest.mark.slow
+def test_a_hang_and_an_abort_beside_the_real_implementations_fail_only_their_own_items(
+        tmp_path):
+    """The issue's test: stand-ins that never return and that abort their process, registered
+    beside mlp's real implementations; `pytest -n 2` over mlp ends by itself, fails exactly
+    their items (one line each: the implementation, the case, what happened) and passes the
+    rest."""
+    code, outcomes, output = _child_pytest(
+        tmp_path, "-n", "2", "-k", f"{OP}-", "--plant-fault", f"{OP}:hang",
+        "--plant-fault", f"{OP}:abort", "--item-limit", "8")
+    assert code == 1, output[-3000:]
+    failed, planted, wrong = _split(outcomes, ("fault_hang", "fault_abort"))
+    assert len(planted) == 4 and failed == planted, output[-3000:]  # normal and large inputs
+    assert not wrong
+    assert sum(outcome == "passed" for outcome, _ in outcomes.values()) >= 16
+    case = _cpu_cases(OP)[0]
+    for test_id in planted:
+        message = outcomes[test_id][1]
+        assert "\n" not in message
+        if "fault_hang" in test_id:
+            assert message.startswith(f"timeout in {OP}-fault_hang {case} (")
+            assert "no result after 8 s (--item-limit)" in message
+        else:
+            assert message.startswith(f"crash in {OP}-fault_abort {case} (")
+            assert "Fatal Python error: Aborted" in message and "SIGABRT" in message
+
+
+@pytest.mark.slow
+def test_sticky_faults_fail_the_item_that_showed_them_and_the_rest_run_on_fresh_workers(
+        tmp_path):
+    """A sticky error raised in a call, and one only the device check after the call sees
+    (the call itself returned the right result): each fails its item with one line; the
+    items queued behind them on the poisoned worker pass on a fresh one."""
+    first, second = _cpu_cases(OP)[:2]
+    code, outcomes, output = _child_pytest(
+        tmp_path, "-n", "2", "-k", f"{OP}- and test_matches_reference",
+        "--plant-fault", f"{OP}:sticky:{first}", "--plant-fault", f"{OP}:sticky-async:{second}")
+    failed, planted, wrong = _split(outcomes, ("fault_sticky", "fault_sticky_async"))
+    assert len(planted) == 4 and failed == planted and not wrong, output[-3000:]
+    for test_id in planted:
+        message = outcomes[test_id][1]
+        assert "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered" in message
+        found = "found by the device check after its call" if "async" in test_id else \
+            "raised in its call"
+        assert found in message, message
+
+
+@pytest.mark.slow
+def test_without_isolation_the_sticky_stand_in_fails_the_items_after_it(tmp_path):
+    """What the tests above guard against: the stand-in poisons its process as a CUDA context
+    does, so without isolation the real implementations' items after it fail too."""
+    case = _cpu_cases(OP)[0]
+    code, outcomes, output = _child_pytest(
+        tmp_path, "-n", "2", "-k", f"{OP}- and test_matches_reference and {case}",
+        "--plant-fault", f"{OP}:sticky", "--no-isolation")
+    failed, planted, wrong = _split(outcomes, ("fault_sticky",))
+    assert failed >= planted and wrong, output[-3000:]
+
+
+@pytest.mark.slow
+def test_a_hang_that_holds_the_gil_is_ended_by_the_c_watchdog(tmp_path):
+    case = _cpu_cases(OP)[0]
+    code, outcomes, output = _child_pytest(
+        tmp_path, "-n", "1", "-k", f"{OP}- and test_matches_reference and {case} and normal",
+        "--plant-fault", f"{OP}:gil-hang", "--item-limit", "3", timeout=150)
+    failed, planted, wrong = _split(outcomes, ("fault_gil_hang",))
+    assert len(planted) == 1 and failed == planted and not wrong, output[-3000:]
+    message = outcomes[planted.pop()][1]
+    assert "with the GIL held, ended by faulthandler's watchdog" in message
+
+
+@pytest.mark.slow
+def test_in_one_process_a_sticky_fault_skips_the_device_items_after_it(tmp_path):
+    case = _cpu_cases(OP)[0]
+    code, outcomes, output = _child_pytest(
+        tmp_path, "-n", "0", "-k", f"{OP}- and test_matches_reference",
+        "--plant-fault", f"{OP}:sticky:{case}")
+    failed, planted, wrong = _split(outcomes, ("fault_sticky",))
+    assert len(failed) == 1 and failed <= planted and not wrong, output[-3000:]
+    skipped_for_it = [k for k, (outcome, _) in outcomes.items() if outcome == "skipped"]
+    assert skipped_for_it  # the device items after it
+    assert f"not run: the device is unusable since {OP}-fault_sticky {case}" in output
+
+
+@pytest.mark.slow
+def test_in_one_process_a_hang_ends_the_run_naming_the_item(tmp_path):
+    case = _cpu_cases(OP)[0]
+    code, _, output = _child_pytest(
+        tmp_path, "-n", "0", "-k", f"{OP}- and test_matches_reference and {case}",
+        "--plant-fault", f"{OP}:hang", "--item-limit", "3", timeout=120)
+    assert code == isolation.EXIT_TIMEOUT, output[-3000:]
+    assert f"timeout in {OP}-fault_hang {case} (normal inputs): no result after 3 s" in output
+
+
+# -- the drill ---------------------------------------------------------------------------------
+
+def test_the_drill_reads_pytests_and_asvs_results(tmp_path):
+    junit = tmp_path / "run.xml"
+    junit.write_text(textwrap.dedent("""\
+        <testsuites><testsuite>
+          <testcase classname="t" name="test_matches_reference[softmax-xla-f32-37x128-normal]">
+            <failure message="crash in softmax-xla f32-37x128 (normal inputs): Aborted&#10;more"/>
+          </testcase>
+          <testcase classname="t" name="test_matches_reference[softmax-torch-f32-37x128-normal]"/>
+          <testcase classname="t" name="test_matches_reference[softmax-cuda-f32-37x128-normal]">
+            <skipped message="needs a CUDA GPU"/>
+          </testcase>
+          <testcase classname="t" name="test_matches_reference[softmax-pallas-f32-37x128-normal]">
+            <error message="worker crashed"/>
+          </testcase>
+        </testsuite></testsuites>"""))
+    row = drill.pytest_row("abort", "xla", drill.junit_outcomes(junit), 12.0, True)
+    assert (row.planted_failed, row.planted_ran, row.wrong_failed, row.kept, row.others) == \
+        (1, 1, 1, 1, 2)
+    assert row.message == "crash in softmax-xla f32-37x128 (normal inputs): Aborted"
+    assert not row.contained  # the pallas item failed too
+    results = tmp_path / "results" / "machine"
+    results.mkdir(parents=True)
+    (results / "abcdef12-kernelperf-py3.11.json").write_text(
+        '{"result_columns": ["result", "params"], "results": {"benchmarks.Softmax.time_device": '
+        '[[null, 0.001], [["\'torch\'", "\'xla\'"], ["\'f32-64x1000\'"], ["\'fwd\'"]]]}}')
+    assert drill.asv_values(tmp_path / "results", "abcdef1234", "benchmarks.Softmax.time_device") \
+        == {"torch": None, "xla": 0.001}
+
+
+def test_the_drill_fails_when_a_fault_escapes_and_not_for_its_comparison_runs():
+    lines = []
+    escaped = drill.Row("sticky", "pytest", 2, 2, 3, 3, 6, 30.0, True, "device fault in ...")
+    comparison = drill.Row("sticky", "pytest --no-isolation", 2, 2, 5, 1, 6, 26.0, True, "")
+    assert drill.report([comparison], lines.append) == 0
+    assert drill.report([escaped, comparison], lines.append) == 1
+    assert lines[-1] == "fault-drill: NOT CONTAINED: sticky (pytest)"
+
+
+@pytest.mark.parametrize("flags, match", [
+    (dict(faults=("cuda-oob",)), "cuda-oob cannot run on a cpu"),
+    (dict(faults=("nope",)), "fault: expected one of"),
+    (dict(tools=("ctest",)), "tools: expected some of"),
+    (dict(workers=0), "workers: expected >= 1"),
+    (dict(item_limit_s=100.0, run_limit_s=50.0), "run_limit_s: expected more than"),
+])
+def test_bad_drill_settings_are_refused_before_any_clone(flags, match):
+    with pytest.raises(ValueError, match=match):
+        drill.Settings(platform="cpu", **flags)
+
+
+@pytest.mark.slow
+def test_the_drill_contains_an_abort_in_pytest_and_in_asv_on_a_cpu():
+    """The drill end to end on a CPU, narrowed to one fault: it plants the abort in softmax-xla
+    in a scratch clone of HEAD (committed code only), runs pytest and asv against it, and
+    finds both contained."""
+    lines: list[str] = []
+    settings = drill.Settings(platform="cpu", faults=("abort",))
+    assert drill.main_flow(settings, source=ROOT, log=lines.append) == 0, "\n".join(lines)
+    printed = "\n".join(lines).splitlines()
+    rows = [line.split() for line in printed if line.startswith("abort ")]
+    assert [row[1] for row in rows] == ["pytest", "asv"]
+    assert all(row[2:5] == (["2/2", "0", "6/6"] if row[1] == "pytest" else ["1/1", "0", "1/1"])
+               for row in rows), "\n".join(lines)
+    assert any("crash in softmax-xla f32-37x128" in line for line in printed)
