@@ -104,8 +104,6 @@ TARGETS = (
            preload_package=False),  # the datasheet and the floor tables are built at import
     Target(name="perfcheck", modules=("kernels/bench/perfcheck.py",),
            tests=("perf_tests/tests/test_perfcheck.py",)),
-    # The gate's verdicts are being rewritten (noise-following thresholds, a confirmation
-    # step): re-run this target once that lands.
     Target(name="asv-verdicts", modules=("kernels/bench/asv_tools.py",),
            tests=("correctness_tests/test_asv_tools.py", "correctness_tests/test_asv_verdicts.py",
                   "correctness_tests/test_job_summary.py", "-k", "not machine")),
@@ -134,6 +132,15 @@ TARGETS = (
                   "correctness_tests/test_api_inputs.py", "-k",
                   "check_ or number or index_range or config or interpret_flag or refuses"),
            preload_package=False),  # positive_int and friends are made at import
+    # The gate's own logic (2026-11-26): the confirmation's decision and bookkeeping, the
+    # benchmarks' sampling rule and fault-containing supervisor, and the time breakdown.
+    Target(name="gate-confirm", modules=("kernels/bench/confirm.py",),
+           tests=("correctness_tests/test_confirm.py",), isolation="fork"),
+    Target(name="gate-measuring", modules=("perf_tests/measuring.py",),
+           tests=("correctness_tests/test_measuring.py", "-k", "not real_worker"),
+           isolation="fork"),
+    Target(name="gate-breakdown", modules=("kernels/bench/breakdown.py",),
+           tests=("correctness_tests/test_breakdown.py",), isolation="fork"),
 )
 
 # What the fork server does before any mutant runs (mutmut's "import" warm-up, through a
