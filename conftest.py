@@ -54,6 +54,7 @@ import pytest  # noqa: E402
 
 from kernels.core import devices, registry  # noqa: E402
 from kernels.testing import scheduling  # noqa: E402
+from kernels.testing.marks import kernel_marks  # noqa: E402
 
 # The persistent compilation cache for the run and its hit rate in the summary; the phase
 # breakdown of the kernel checks; fault containment (a kernel that crashes, hangs or poisons
@@ -73,19 +74,6 @@ class KernelItem:
         return f"{self.impl.id}-{self.case.id}-{self.distribution}"
 
 
-def _marks(impl: registry.Implementation, reason: str | None, machine: devices.Machine) -> list:
-    marks = []
-    if machine.has_gpu or impl.requires.gpu or reason and "GPU" in reason:
-        marks.append(pytest.mark.gpu)
-    if impl.requires.devices > 1:
-        marks.append(pytest.mark.multi_gpu)
-    if impl.name == "cuda" or impl.name.startswith("cuda_"):
-        marks.append(pytest.mark.cuda)
-    if reason:
-        marks.append(pytest.mark.skip(reason=reason))
-    return marks
-
-
 def kernel_params() -> list:
     machine = devices.this_machine()
     params = []
@@ -93,7 +81,7 @@ def kernel_params() -> list:
         for impl in registry.implementations(op.name):
             for case in op.cases:
                 reason = devices.case_unavailable_reason(impl, case, machine)
-                marks = _marks(impl, reason, machine)
+                marks = kernel_marks(impl, reason, machine)
                 if "cpu" in case.tags:
                     marks.append(pytest.mark.small)
                 marks.append(pytest.mark.xdist_group(scheduling.group(op, impl, case, machine)))

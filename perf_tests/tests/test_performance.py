@@ -19,6 +19,7 @@ import pytest
 from kernels.bench import perfcheck
 from kernels.core import devices, registry
 from kernels.roofline import floors
+from kernels.testing.marks import kernel_marks
 
 ITEMS = {item.id: item for item in perfcheck.perf_items()}
 
@@ -28,14 +29,8 @@ def _params() -> list:
     params = []
     for item in ITEMS.values():
         marks = [pytest.mark.perf,
-                 pytest.mark.benchmark(timer=perfcheck.device_time, group=item.group)]
-        reason = item.skip_reason
-        if machine.has_gpu or item.impl.requires.gpu or (reason and "GPU" in reason):
-            marks.append(pytest.mark.gpu)
-        if item.impl.name.startswith("cuda"):
-            marks.append(pytest.mark.cuda)
-        if reason:
-            marks.append(pytest.mark.skip(reason=reason))
+                 pytest.mark.benchmark(timer=perfcheck.device_time, group=item.group),
+                 *kernel_marks(item.impl, item.skip_reason, machine)]
         params.append(pytest.param(item.id, id=item.id, marks=marks))
     return params
 
