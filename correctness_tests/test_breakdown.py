@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import time
 
 import pytest
 
@@ -54,3 +55,126 @@ def test_only_the_journals_written_since_the_run_began_count(tmp_path: pathlib.P
     assert found == [new]
     assert breakdown.read(found).measured == 1
     assert [e["event"] for e in breakdown.entries(new)] == ["worker", "done"]
+
+
+def _lines(text: str) -> dict[str, list[str]]:
+    """The breakdown's table rows by their label: label -> [seconds, share]."""
+    rows = {}
+    for line in text.splitlines()[3:]:  # the head, the table's header and its rule
+        words = line.split()
+        rows[" ".join(words[:-2])] = words[-2:]
+    return rows
+
+
+def test_every_phase_shows_its_seconds_and_share_of_the_wall_time():
+    found = breakdown.Breakdown()
+    found.add([WORKER, _done("a", 10, inputs=1.0, compile=5.0, warmup=0.5, sampling=2.0,
+                             memory=0.25, launch=1.25)])
+    rows = _lines(found.render(wall_s=40.0))
+    assert rows[breakdown.LABELS["process"]] == ["1.5", "4%"]
+    assert rows[breakdown.LABELS["backend"]] == ["2.5", "6%"]
+    assert rows[breakdown.LABELS["compile"]] == ["5.0", "12%"]
+    assert rows[breakdown.LABELS["launch"]] == ["1.2", "3%"]
+    assert len(rows) == 1 + 2 + len(breakdown.PHASES) + 1  # asv's, the worker's, phases, total
+    head, columns = found.render(wall_s=40.0).splitlines()[:2]
+    assert head.startswith("where the time went") and columns.split() == ["phase", "seconds",
+                                                                         "share"]
+
+
+def test_without_a_wall_time_the_total_is_what_the_journals_measured():
+    found = breakdown.Breakdown()
+    found.add([WORKER, _done("a", 10, compile=6.0)])
+    text = found.render(wall_s=None)
+    assert not any(line.startswith("asv's own work") for line in text.splitlines())
+    assert text.splitlines()[-1].split() == ["total", "(measured)", "10.0", "100%"]
+    assert _lines(text)[breakdown.LABELS["compile"]] == ["6.0", "60%"]
+    assert found.render(wall_s=20.0).splitlines()[-1].split()[:2] == ["total", "(wall)"]
+
+
+def test_asv_s_share_is_never_negative_when_the_journals_cover_more_than_the_wall_time():
+    # journals from a run that overlapped this one's start: more time accounted than passed
+    found = breakdown.Breakdown()
+    found.add([WORKER, _done("a", 10, compile=6.0)])
+    asv_line = next(line for line in found.render(wall_s=5.0).splitlines()
+                    if line.startswith("asv's own work"))
+    assert "a process per benchmark" in asv_line
+    assert asv_line.split()[-2:] == ["0.0", "0%"]
+
+
+def test_a_breakdown_of_nothing_measured_has_no_shares():
+    found = breakdown.Breakdown()
+    found.add([{"event": "worker", "process_s": 0.0, "backend_s": 0.0}])
+    text = found.render(wall_s=None)
+    assert _lines(text)[breakdown.LABELS["process"]] == ["0.0", "-"]
+    assert text.splitlines()[0].endswith("by 1 worker process(es)")  # no samples to describe
+
+
+def test_the_sample_counts_are_described_by_median_and_range():
+    found = breakdown.Breakdown()
+    found.add([_done("a", 10), _done("b", 30), _done("c", 20)])
+    assert found.render(wall_s=None).splitlines()[0].endswith(
+        "by 0 worker process(es), 20 samples each (median; 10-30)")
+
+
+def test_journal_lines_without_timings_count_as_zero_seconds():
+    """A journal of an older measuring.py (or a worker killed before it timed a phase)."""
+    found = breakdown.Breakdown()
+    found.add([{"event": "worker"}, {"event": "done", "key": "a", "samples": [1.0]},
+               {"event": "done", "key": "b", "samples": [1.0], "phases": {"compile": 2.0}}])
+    assert found.accounted == 2.0 and found.measured == 2 and found.workers == 1
+    assert set(found.seconds) == {"process", "backend", *breakdown.PHASES}
+
+
+def test_only_failed_records_count_as_failures():
+    found = breakdown.Breakdown()
+    found.add([WORKER, {"event": "start", "key": "a"}, {"event": "failed", "key": "a"},
+               {"event": "skipped", "key": "b"}, {"event": "start", "key": "c"},
+               {"event": "failed", "key": "c"}, _done("d", 10)])
+    assert (found.failed, found.measured) == (2, 1)
+
+
+def test_a_line_cut_short_mid_journal_costs_only_that_line(tmp_path: pathlib.Path):
+    """A killed worker's half line, then its replacement's lines after it."""
+    path = tmp_path / "j.jsonl"
+    path.write_text(json.dumps(WORKER) + '\n{"event": "done", "key": "cut sh\n'
+                    + json.dumps(WORKER) + "\n" + json.dumps(_done("k", 5)) + "\n")
+    assert [e["event"] for e in breakdown.entries(path)] == ["worker", "worker", "done"]
+
+
+def test_a_journal_written_the_instant_the_run_began_counts(tmp_path: pathlib.Path):
+    folder = tmp_path / "abc" / breakdown.MEASUREMENTS / "c0ffee-1"
+    folder.mkdir(parents=True)
+    path = folder / "j.jsonl"
+    path.write_text(json.dumps(WORKER) + "\n")
+    os.utime(path, (2000, 2000))
+    assert breakdown.journals(tmp_path, since=2000) == [path]
+
+
+def test_the_environments_folder_is_the_one_asv_conf_names(tmp_path, monkeypatch):
+    project = breakdown.env_dir(pathlib.Path(__file__).resolve().parents[1] / "asv.conf.json")
+    config = tmp_path / "asv.conf.json"
+    config.write_text(json.dumps({"env_dir": "elsewhere/env"}))
+    assert breakdown.env_dir(config) == pathlib.Path("elsewhere/env")
+    # no env_dir, no config, or one asv could not read: the project's own folder
+    config.write_text(json.dumps({"version": 1}))
+    assert breakdown.env_dir(config) == project
+    assert breakdown.env_dir(tmp_path / "missing.json") == project
+    config.write_text("{not json")
+    assert breakdown.env_dir(config) == project
+    monkeypatch.chdir(tmp_path)
+    config.write_text(json.dumps({"env_dir": "elsewhere/env"}))
+    assert breakdown.env_dir() == pathlib.Path("elsewhere/env")  # the current folder's
+
+
+def test_the_report_reads_the_journals_of_the_current_folders_asv(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "asv.conf.json").write_text(json.dumps({"env_dir": "envs"}))
+    assert breakdown.report(since=0, wall_s=30.0) is None  # nothing measured: nothing said
+    folder = tmp_path / "envs" / "abc" / breakdown.MEASUREMENTS / "c0ffee-1"
+    folder.mkdir(parents=True)
+    (folder / "j.jsonl").write_text(json.dumps(WORKER) + "\n"
+                                    + json.dumps(_done("k", 5, compile=6.0)) + "\n")
+    text = breakdown.report(since=0, wall_s=30.0)
+    assert text.splitlines()[0].startswith("where the time went: 1 parameter sets measured")
+    assert text.splitlines()[-1].split()[-3:] == ["(wall)", "30.0", "100%"]
+    assert breakdown.report(since=time.time() + 60, wall_s=30.0) is None

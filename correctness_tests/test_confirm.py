@@ -4,6 +4,13 @@ head, measured again in interleaved rounds, show it in every round."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -12,6 +19,7 @@ if importlib.util.find_spec("asv") is None:  # third-party only: see test_test_h
 
 from kernels.bench import asv_tools, confirm  # noqa: E402
 
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 TIME = "benchmarks.Softmax.time_device"
 PARAMS = ("'xla'", "'f32-64x1000'", "'fwd'")
 KEY = ("softmax", "xla", "f32-64x1000", "fwd")
@@ -67,3 +75,189 @@ def test_a_slowdown_one_round_shows_is_not_confirmed():
 def test_rows_name_their_operation_by_the_benchmark_class():
     assert confirm.key_of("benchmarks.RowSum.time_device", PARAMS, confirm.class_names()) == \
         ("row_sum", "xla", "f32-64x1000", "fwd")
+
+
+BASE, HEAD = "b" * 40, "c" * 40  # full hashes, as `kernels bench` passes them
+
+
+def _recording(medians: dict[str, list[float]], fail: set[tuple[str, int]] = frozenset()):
+    """measure(...) as _fake, also recording each call's journal; a (commit, round) in `fail`
+    has its key's measurement fail."""
+    calls = []
+
+    def measure(commit, keys, journal):
+        calls.append((commit, journal))
+        index = sum(c == commit for c, _ in calls) - 1
+        if (commit, index) in fail:
+            return {key: {"event": "failed", "reason": "worker killed by SIGSEGV"}
+                    for key in keys}
+        return {key: {"event": "done", "samples": [medians[commit][index]] * 10}
+                for key in keys}
+    return measure, calls
+
+
+def _confirm(rows, measure, rounds=3, log=None):
+    return confirm.confirm(rows, BASE, HEAD, rounds=rounds, measure=measure,
+                           log=log or (lambda _: None))
+
+
+def test_the_ratio_is_head_over_base_whatever_the_base_reads():
+    measure, _ = _recording({BASE: [2e-3] * 3, HEAD: [2.04e-3] * 3})
+    out = _confirm([_row("slower")], measure)
+    assert out[0].verdict == "slower" and out[0].confirmed.startswith("1.020 1.020 1.020")
+
+
+def test_a_slowdown_under_half_the_rows_gap_in_every_round_is_not_confirmed():
+    # 0.4% every round: confirmed by a gap of 0, not by this row's 1%
+    measure, _ = _recording({BASE: [1.0] * 3, HEAD: [1.004] * 3})
+    assert _confirm([_row("slower")], measure)[0].verdict == "same (not confirmed)"
+
+
+def test_a_row_without_a_gap_needs_only_every_round_slower():
+    measure, _ = _recording({BASE: [1.0] * 3, HEAD: [1.004] * 3})
+    row = asv_tools.Row(TIME, PARAMS, 1e-3, 1.004e-3, 1.004, "slower")  # gap None
+    assert _confirm([row], measure)[0].verdict == "slower"
+
+
+def test_a_round_lost_on_one_side_leaves_the_first_pass_standing():
+    """A measurement that failed (a crashed worker) disproves nothing: the rounds that have
+    both sides are too few, so the row stays slower and says why."""
+    measure, _ = _recording({BASE: [1.0] * 3, HEAD: [1.0] * 3}, fail={(HEAD, 1)})
+    out = _confirm([_row("slower")], measure)
+    assert out[0].verdict == "slower" and "incomplete: 2 of 3" in out[0].confirmed
+
+
+def test_a_row_no_round_measured_stays_slower():
+    measure, _ = _recording({}, fail={(c, i) for c in (BASE, HEAD) for i in range(3)})
+    out = _confirm([_row("slower")], measure)
+    assert out[0].verdict == "slower" and "incomplete: 0 of 3" in out[0].confirmed
+
+
+def test_no_rounds_measure_nothing_and_one_round_measures_each_side_once():
+    measure, calls = _recording({BASE: [1.0], HEAD: [1.05]})
+    assert _confirm([_row("slower")], measure, rounds=0) == [_row("slower")] and not calls
+    out = _confirm([_row("slower")], measure, rounds=1)
+    assert [c for c, _ in calls] == [BASE, HEAD] and out[0].verdict == "slower"
+
+
+def test_each_round_journals_to_its_own_file_under_the_confirm_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv(confirm.ROOT_VARIABLE, str(tmp_path))
+    measure, calls = _recording({BASE: [1.0] * 3, HEAD: [1.02] * 3})
+    before = time.time()
+    _confirm([_row("slower")], measure)
+    journals = [journal for _, journal in calls]
+    assert len(set(journals)) == 6
+    # one folder per confirmation, named by when it began (so runs sort and never overwrite)
+    folders = {journal.parent for journal in journals}
+    assert len(folders) == 1 and folders.pop().parent == tmp_path / "journals"
+    began = time.mktime(time.strptime(journals[0].parent.name, "%Y%m%d-%H%M%S"))
+    assert before - 1 <= began <= time.time()
+    # round n's journal of a commit names both (the full 12-character prefix, as its tree)
+    assert [j.name for j in journals] == [
+        f"round{i}-{commit[:12]}.jsonl"
+        for i, commit in [(1, BASE), (1, HEAD), (2, HEAD), (2, BASE), (3, BASE), (3, HEAD)]]
+
+
+def test_the_log_names_each_round_and_commit_and_the_time_taken():
+    lines = []
+    measure, _ = _recording({BASE: [1.0] * 3, HEAD: [1.02] * 3})
+    _confirm([_row("slower")], measure, log=lines.append)
+    assert all(isinstance(line, str) for line in lines)
+    text = "\n".join(lines)
+    # commits by their 8-character short hash, as the compare's header names them
+    assert f"of {BASE[:8]} and {HEAD[:8]}," in text and BASE[:9] not in text
+    rounds = [line.split() for line in lines if line.strip().startswith("round ")]
+    assert [(words[1], words[2]) for words in rounds] == [
+        (f"{i}:", commit[:8]) for i, commit in
+        [(1, BASE), (1, HEAD), (2, HEAD), (2, BASE), (3, BASE), (3, HEAD)]]
+    took = next(line for line in lines if line.startswith("confirmation took"))
+    assert 0 <= float(took.split()[2]) < 60
+
+
+def test_the_default_log_prints_each_line(capsys):
+    measure, _ = _recording({BASE: [1.0] * 3, HEAD: [1.02] * 3})
+    confirm.confirm([_row("slower")], BASE, HEAD, rounds=3, measure=measure)
+    assert capsys.readouterr().out.count("\n  round ") == 6
+
+
+def test_the_decision_keeps_its_ratios_and_says_why():
+    done = confirm.decide((1.02, 1.03, 1.01), gap=0.01, rounds=3)
+    assert done.ratios == (1.02, 1.03, 1.01) and "mean 1.020" in done.text
+    short = confirm.decide((1.02, 1.03), gap=0.01, rounds=3)
+    assert short.ratios == (1.02, 1.03) and "incomplete: 2 of 3 rounds" in short.text
+
+
+def test_a_change_exactly_at_the_bar_is_not_beyond_it():
+    # every round exactly at half the gap (1.005), the mean beyond it
+    assert not confirm.decide((1.005, 1.02, 1.05), gap=0.01, rounds=3).confirmed
+    # every round beyond half the gap, the mean exactly at it (2.0 = 1 + 1.0)
+    assert not confirm.decide((2.0, 2.0, 2.0), gap=1.0, rounds=3).confirmed
+
+
+def test_commit_trees_go_beside_asvs_own_folders_by_default(monkeypatch):
+    """In the checkout's asv folder (where asv.conf.json keeps environments and results, and
+    .gitignore keeps git out), not in a folder of its own that git status would list."""
+    monkeypatch.delenv(confirm.ROOT_VARIABLE, raising=False)
+    conf = json.loads((ROOT / "asv.conf.json").read_text())
+    asv_folder = pathlib.Path(conf["results_dir"]).parts[0]
+    assert pathlib.Path(conf["env_dir"]).parts[0] == asv_folder
+    assert not confirm.confirm_dir().is_absolute()
+    assert confirm.confirm_dir().parts[0] == asv_folder
+
+
+def _git(repo: pathlib.Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                          cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_a_commits_tree_is_its_files_made_once(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    (repo / "kernels").mkdir(parents=True)
+    (repo / "kernels" / "version.py").write_text("V = 1\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "one")
+    first = _git(repo, "rev-parse", "HEAD")
+    (repo / "kernels" / "version.py").write_text("V = 2\n")
+    _git(repo, "commit", "-q", "-am", "two")
+    monkeypatch.chdir(repo)
+    monkeypatch.setenv(confirm.ROOT_VARIABLE, str(tmp_path / "confirm"))
+    leftover = tmp_path / "confirm" / "trees" / (first[:12] + ".partial")
+    leftover.mkdir(parents=True)
+    (leftover / "junk").write_text("an interrupted archive")
+    tree = confirm.source_tree(first)
+    assert tree.parent == tmp_path / "confirm" / "trees"
+    assert (tree / "kernels" / "version.py").read_text() == "V = 1\n"  # the commit's, not HEAD's
+    assert sorted(p.name for p in tree.parent.iterdir()) == [tree.name]  # the partial is gone
+    # kept: asked again, it is not archived again (git could not: the repository is gone)
+    shutil.rmtree(repo / ".git")
+    assert confirm.source_tree(first) == tree
+    # a tree elsewhere when asked
+    other = tmp_path / "elsewhere"
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(subprocess.CalledProcessError):
+        confirm.source_tree(first, root=other)  # no repository here: git's error, not a tree
+    assert not (other / "trees" / first[:12]).exists()
+
+
+def test_a_round_measures_with_the_commits_kernels_first(tmp_path, monkeypatch):
+    from perf_tests import measuring
+
+    tree = tmp_path / "trees" / "abc"
+    seen = {}
+    monkeypatch.setattr(confirm, "source_tree", lambda commit: tree)
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+
+    def ensure_measured(keys, journal, *, python, env):
+        seen.update(keys=keys, journal=journal, python=python, env=env)
+        return {"k": {"event": "done"}}
+    monkeypatch.setattr(measuring, "ensure_measured", ensure_measured)
+    out = confirm._measure_in_tree("abc", [KEY], tmp_path / "j.jsonl")
+    assert out == {"k": {"event": "done"}}
+    assert seen["keys"] == [KEY] and seen["journal"] == tmp_path / "j.jsonl"
+    assert seen["python"] == sys.executable
+    assert seen["env"]["PYTHONPATH"].split(os.pathsep) == [str(tree.resolve()), "/elsewhere"]
+    assert seen["env"]["PATH"] == os.environ["PATH"]  # the rest of the environment is kept
+    monkeypatch.delenv("PYTHONPATH")
+    confirm._measure_in_tree("abc", [KEY], tmp_path / "j.jsonl")
+    assert seen["env"]["PYTHONPATH"] == str(tree.resolve())
