@@ -496,6 +496,23 @@ def test_the_drill_fails_when_a_fault_escapes_and_not_for_its_comparison_runs():
     assert lines[-1] == "fault-drill: NOT CONTAINED: sticky (pytest)"
 
 
+def test_a_tool_the_drill_waits_on_shows_its_latest_output_and_is_killed_at_its_limit(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(drill, "HEARTBEAT_S", 0.2)
+    lines: list[str] = []
+    script = "import time\nprint('....F [ 50%]', flush=True)\ntime.sleep(30)\n"
+    code, wall = drill._run([sys.executable, "-c", script], tmp_path, dict(os.environ), 1.5,
+                            tmp_path / "t.log", "pytest", lines.append)
+    assert code is None and wall < 10  # killed at its limit, not left running
+    assert len(lines) >= 3, lines
+    assert all(line.startswith("  pytest: ") and "of at most 2 s" in line for line in lines)
+    assert lines[-1].endswith("last output: ....F [ 50%]"), lines
+    lines.clear()
+    code, _ = drill._run([sys.executable, "-c", "print('done')"], tmp_path, dict(os.environ), 30,
+                         tmp_path / "t.log", "asv", lines.append)
+    assert code == 0 and lines == []  # a quick tool says nothing while it runs
+
+
 @pytest.mark.parametrize("flags, match", [
     (dict(faults=("cuda-oob",)), "cuda-oob cannot run on a cpu"),
     (dict(faults=("nope",)), "fault: expected one of"),

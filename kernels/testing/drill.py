@@ -56,6 +56,9 @@ BENCH_CASE = {"gpu": "f32-256x1024", "cpu": "f32-64x1000"}
 ITEM_LIMIT_S = {"gpu": 120.0, "cpu": 30.0}
 RUN_LIMIT_S = 900.0  # one pytest or asv run, whatever it does
 NO_ISOLATION_RUN_LIMITS = 6  # item limits a --no-isolation comparison run may take
+# While a tool runs, a line this often with its latest output: a hang being waited out reads
+# as a hang, not as a drill that stopped.
+HEARTBEAT_S = 5.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -122,25 +125,48 @@ class Row:
 
 # -- one run --------------------------------------------------------------------------------
 
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
 def _run(command: list[str], cwd: pathlib.Path, env: dict[str, str], limit_s: float,
-         log_path: pathlib.Path) -> tuple[int | None, float]:
+         log_path: pathlib.Path, label: str = "",
+         log: Callable[[str], None] = _print) -> tuple[int | None, float]:
     """`command` in its own process group, output to `log_path`; (exit status or None when
-    it was killed at `limit_s`, wall seconds)."""
+    it was killed at `limit_s`, wall seconds). Every HEARTBEAT_S, `label`'s seconds so far
+    and the last line the command wrote go to `log`."""
     start = time.monotonic()
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=log,
+    with open(log_path, "w") as output:
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=output,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True)
+        code = None
         try:
-            code = process.wait(timeout=limit_s)
-        except subprocess.TimeoutExpired:
-            code = None
+            while (left := limit_s - (time.monotonic() - start)) > 0:
+                try:
+                    code = process.wait(timeout=min(HEARTBEAT_S, left))
+                    break
+                except subprocess.TimeoutExpired:
+                    log(f"  {label or command[0]}: {time.monotonic() - start:.0f} s of at most "
+                        f"{limit_s:.0f} s; last output: {_last_line(log_path) or '(none yet)'}")
         except BaseException:
             _kill_group(process)
             raise
         if code is None:
             _kill_group(process)
     return code, time.monotonic() - start
+
+
+def _last_line(path: pathlib.Path, width: int = 120) -> str:
+    """The last non-blank line of a log being written (its last 4 KiB read), shortened."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - 4096))
+            tail = handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in re.split(r"[\r\n]", tail) if line.strip()]
+    return _shorten(lines[-1], width) if lines else ""
 
 
 def _kill_group(process: subprocess.Popen) -> None:
@@ -268,7 +294,7 @@ def _environment(clone: pathlib.Path) -> dict[str, str]:
 
 
 def run_pytest(clone: pathlib.Path, name: str, settings: Settings, out: pathlib.Path,
-               isolation: bool = True) -> Row:
+               isolation: bool = True, log: Callable[[str], None] = _print) -> Row:
     """The softmax kernel items of the drill's cases under `settings.workers` workers."""
     _, impl = faults.fault(name).target
     suffix = "" if isolation else "-no-isolation"
@@ -281,14 +307,14 @@ def run_pytest(clone: pathlib.Path, name: str, settings: Settings, out: pathlib.
     # Without isolation a hang never ends: a few item limits show that well enough.
     limit = settings.run_limit_s if isolation else \
         min(settings.run_limit_s, NO_ISOLATION_RUN_LIMITS * settings.item_limit)
+    tool = "pytest" if isolation else "pytest --no-isolation"
     code, wall = _run(command, clone, _environment(clone), limit,
-                      out / f"{name}-pytest{suffix}.log")
-    return pytest_row(name, impl, junit_outcomes(junit), wall, code is not None,
-                      tool="pytest" if isolation else "pytest --no-isolation")
+                      out / f"{name}-pytest{suffix}.log", tool, log)
+    return pytest_row(name, impl, junit_outcomes(junit), wall, code is not None, tool=tool)
 
 
 def run_asv(clone: pathlib.Path, name: str, commit: str, settings: Settings,
-            out: pathlib.Path) -> Row:
+            out: pathlib.Path, log: Callable[[str], None] = _print) -> Row:
     """asv run of time_device on the planted implementation and a control, on `commit`."""
     _, impl = faults.fault(name).target
     control = "torch" if impl == "xla" else "xla"
@@ -300,7 +326,8 @@ def run_asv(clone: pathlib.Path, name: str, commit: str, settings: Settings,
     benchmark = f"benchmarks.{_benchmark_class()}.time_device"
     command = [sys.executable, "-m", "asv", "run", "--show-stderr", "--bench",
                f"{_benchmark_class()}\\.time_device", f"{commit}^!"]
-    code, wall = _run(command, clone, env, settings.run_limit_s, out / f"{name}-asv.log")
+    code, wall = _run(command, clone, env, settings.run_limit_s, out / f"{name}-asv.log",
+                      "asv", log)
     values = asv_values(clone / ".asv" / "results", commit, benchmark)
     reasons = journal_failures(clone, commit)
     # Implementations whose names contain the other's ("xla" in "xla_remat") are told apart
@@ -320,10 +347,6 @@ def run_asv(clone: pathlib.Path, name: str, commit: str, settings: Settings,
 
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
-
-
-def _print(line: str) -> None:
-    print(line, flush=True)
 
 
 def main_flow(settings: Settings, *, source: pathlib.Path | None = None, keep: bool = False,
@@ -359,7 +382,7 @@ def main_flow(settings: Settings, *, source: pathlib.Path | None = None, keep: b
             if "asv" in settings.tools:
                 runs.append((run_asv, (clone, name, commit, settings, out)))
             for run, arguments in runs:
-                row = run(*arguments)
+                row = run(*arguments, log=log)
                 rows.append(row)
                 log(f"  {row.tool}: {row.planted_failed}/{row.planted_ran} planted failed, "
                     f"{row.wrong_failed} others failed, {row.kept}/{row.others} kept, "
