@@ -230,7 +230,8 @@ def run_trial(repo: pathlib.Path, label: str, base: str, head: str, plants: tupl
 
     rows_file = repo / ".asv" / f"gate-{re.sub(r'[^A-Za-z0-9.-]+', '_', label)}.json"
     regex = "|".join(sorted({_benchmark_class(plant.op) for plant in plants}))
-    command = [sys.executable, "-m", "kernels", "bench", "--base", base, "--head", head,
+    command = [os.path.abspath(sys.executable), "-m", "kernels", "bench", "--base", base,
+               "--head", head,
                "--bench", f"({regex})\\.time_device", "--json", str(rows_file),
                "--confirm-rounds", str(settings.confirm_rounds),
                *(["--reuse-base"] if settings.reuse_base else [])]

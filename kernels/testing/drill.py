@@ -59,6 +59,9 @@ NO_ISOLATION_RUN_LIMITS = 6  # item limits a --no-isolation comparison run may t
 # While a tool runs, a line this often with its latest output: a hang being waited out reads
 # as a hang, not as a drill that stopped.
 HEARTBEAT_S = 5.0
+# The tools run in the scratch clone: a relative interpreter path (a relative PATH entry)
+# would name nothing there.
+PYTHON = os.path.abspath(sys.executable)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -299,7 +302,7 @@ def run_pytest(clone: pathlib.Path, name: str, settings: Settings, out: pathlib.
     _, impl = faults.fault(name).target
     suffix = "" if isolation else "-no-isolation"
     junit = out / f"{name}{suffix}.xml"
-    command = [sys.executable, "-m", "pytest", "-p", "xdist", "-n", str(settings.workers),
+    command = [PYTHON, "-m", "pytest", "-p", "xdist", "-n", str(settings.workers),
                "-p", "no:cacheprovider", "-q", "correctness_tests/test_kernels.py",
                "-k", f"test_matches_reference and {OP}- and {PYTEST_ITEMS[settings.platform]}",
                "--item-limit", f"{settings.item_limit:g}", f"--junitxml={junit}",
@@ -324,7 +327,7 @@ def run_asv(clone: pathlib.Path, name: str, commit: str, settings: Settings,
                KERNELPERF_BENCH_DIRECTIONS="fwd",
                KERNELPERF_ITEM_LIMIT_S=f"{settings.item_limit:g}")
     benchmark = f"benchmarks.{_benchmark_class()}.time_device"
-    command = [sys.executable, "-m", "asv", "run", "--show-stderr", "--bench",
+    command = [PYTHON, "-m", "asv", "run", "--show-stderr", "--bench",
                f"{_benchmark_class()}\\.time_device", f"{commit}^!"]
     code, wall = _run(command, clone, env, settings.run_limit_s, out / f"{name}-asv.log",
                       "asv", log)
