@@ -331,6 +331,43 @@ def test_compare_of_a_commit_with_itself_says_so(monkeypatch, capsys):
     assert "1.000" not in out and "Softmax.time_device" in out
 
 
+def test_a_speedup_is_as_noisy_as_its_own_time_and_the_baselines_together():
+    """track_speedup is a baseline's median over ours: a quiet kernel beside a noisy baseline
+    (a CPU's XLA at 17%) moves by the baseline's noise, which its own time's gap misses."""
+    case = ("'f32-64x1000'", "'fwd'")
+    ours, xla, other_case = ("'pallas'", *case), ("'xla'", *case), ("'xla'", "'big'", "'fwd'")
+    speedup = "benchmarks.Softmax.track_speedup"
+    base = {(TIME, ours): _timed(1e-3, 1e-6), (TIME, xla): _timed(1e-3, 1.5e-4, n=50),
+            (TIME, other_case): _timed(1e-3, 3e-4, n=7), (speedup, ours): _tracked(1.0)}
+    head = {(TIME, ours): _timed(1e-3, 1e-6, seed=1),
+            (TIME, xla): _timed(1e-3, 4e-5, n=50, seed=1),
+            (TIME, other_case): _timed(1e-3, 3e-4, n=7, seed=1), (speedup, ours): _tracked(0.9)}
+    rows = {(row.benchmark.rsplit(".", 1)[-1], row.params): row
+            for row in asv_tools.compare(base, head)}
+    own, baseline = rows[("time_device", ours)].gap, rows[("time_device", xla)].gap
+    assert own < 0.1 < own + baseline < rows[("time_device", other_case)].gap
+    assert rows[("track_speedup", ours)].gap == pytest.approx(own + baseline)
+    assert rows[("track_speedup", ours)].verdict == "same (within sample noise)"
+    alone = {key: value for key, value in base.items() if key[1] != xla and key[1] != other_case}
+    assert asv_tools.compare(alone, head)[-1].verdict == "worse (no samples)"  # without peers
+
+
+def test_base_rows_of_earlier_runs_the_head_did_not_select_are_left_out_not_failed():
+    """kernels bench measures the base itself: a base row the head lacks failed on the head
+    if this run measured it, and is an earlier run's (another selection) if not; a reused
+    base (no start given) keeps every missing row a failure."""
+    def stamped(value, at):
+        return asv_tools.Result(value, None, None, started_at=at)
+
+    kept, failed, earlier = (("b.S.track_tflops", (p,)) for p in ("a", "b", "c"))
+    base = {kept: stamped(1.0, 2000), failed: stamped(1.0, 2000), earlier: stamped(1.0, 999)}
+    head = {kept: stamped(1.0, 3000), failed: stamped(None, 3000)}
+    assert asv_tools.earlier_runs_only(base, head, since_ms=1000) == {earlier}
+    assert asv_tools.earlier_runs_only(base, {kept: head[kept]}, since_ms=1000) == {earlier}
+    assert asv_tools.earlier_runs_only(base, head, since_ms=None) == set()
+    assert asv_tools.earlier_runs_only({earlier: stamped(1.0, None)}, {}, 1000) == {earlier}
+
+
 def test_throughputs_are_as_noisy_as_the_device_time_they_come_from():
     """TFLOP/s, GB/s, roofline and speedup are the time row's median inverted: a change that
     is noise in time_device is noise in them too; the host launch cost is never gated."""

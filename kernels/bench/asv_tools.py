@@ -329,6 +329,8 @@ def compare(base: dict, head: dict, min_gap: float = DEFAULT_MIN_GAP,
             time_bars[(suite, key[1])] = bar
         elif method in FROM_DEVICE_TIME and (suite, key[1]) in time_bars:
             timed = time_bars[(suite, key[1])]
+            if method == "track_speedup":
+                timed = _with_baselines(timed, suite, key[1], time_bars)
             if timed.gap > bar.gap:
                 bar = Threshold(timed.gap, f"device time's: {timed.why}")
         elif method == "track_launch" and HOST_GAP > bar.gap:
@@ -339,6 +341,20 @@ def compare(base: dict, head: dict, min_gap: float = DEFAULT_MIN_GAP,
         rows.append(Row(key[0], key[1], b.value if b else None, h.value if h else None, ratio,
                         word, gap=bar.gap, why=bar.why))
     return sorted(rows, key=lambda row: (row.benchmark, row.params))
+
+
+def _with_baselines(timed: Threshold, suite: str, params: tuple[str, ...],
+                    time_bars: dict) -> Threshold:
+    """A speed-up's gap: a baseline's time over ours moves by both relative changes, so its
+    device time's gap plus the widest of the other implementations' of that case and
+    direction (the best baseline is one of them; which one can change between runs)."""
+    peers = [bar for (other_suite, other), bar in time_bars.items()
+             if other_suite == suite and other[1:] == params[1:] and other[:1] != params[:1]]
+    widest = max(peers, key=lambda bar: bar.gap, default=None)
+    if widest is None:
+        return timed
+    own = timed.why or f"its own {timed.gap:.1%}"
+    return Threshold(timed.gap + widest.gap, f"{own} plus the baselines' {widest.gap:.1%}")
 
 
 def _format(value: float | None, benchmark: str) -> str:
@@ -461,7 +477,8 @@ def exit_status(rows: list[Row]) -> int:
 
 def run(base_rev: str, head_rev: str, *, machine: str, results_dir: str = ".asv/results",
         min_gap: float = DEFAULT_MIN_GAP, summary_md: str | None = None,
-        confirm_rounds: int = 0, json_path: str | None = None) -> int:
+        confirm_rounds: int = 0, json_path: str | None = None,
+        base_since_ms: float | None = None) -> int:
     """Compare two commits' results on `machine` and print the verdict table; its exit status.
     With `confirm_rounds`, every "slower" row is measured again in that many interleaved
     rounds of base and head before it counts (kernels.bench.confirm). With `summary_md`, the
@@ -476,6 +493,8 @@ def run(base_rev: str, head_rev: str, *, machine: str, results_dir: str = ".asv/
         missing = [rev for rev, found in ((base_rev, base), (head_rev, head)) if not found]
         raise SystemExit(f"no asv results on machine {machine!r} for {', '.join(missing)} in "
                          f"{results_dir}; run `make bench-compare BASE={base_rev}` first")
+    earlier = earlier_runs_only(base, head, base_since_ms)
+    base = {key: result for key, result in base.items() if key not in earlier}
     floors = load_floors(machine, results_dir)
     rows = compare(base, head, min_gap, floors)
     if confirm_rounds and any(row.verdict == "slower" for row in rows):
@@ -488,6 +507,11 @@ def run(base_rev: str, head_rev: str, *, machine: str, results_dir: str = ".asv/
           (f" ({len(floors)} noise floors learned)" if floors else
            "; no noise floors learned here (`python -m kernels noise-floor`)"))
     print(render(rows, floors))
+    if earlier:
+        names = sorted({key[0].removeprefix("benchmarks.") for key in earlier})
+        print(f"left out: {len(earlier)} rows of {base_rev} that only an earlier asv run "
+              f"measured and {head_rev}'s run did not select ({', '.join(names[:6])}"
+              f"{', ...' if len(names) > 6 else ''})")
     print(resolution(rows))
     if json_path:
         Path(json_path).write_text(json.dumps([dataclasses.asdict(row) for row in rows],
@@ -504,6 +528,18 @@ def run(base_rev: str, head_rev: str, *, machine: str, results_dir: str = ".asv/
         with open(summary_md, "a") as out:
             out.write(render_markdown(rows, heading) + "\n" + note + "\n\n")
     return exit_status(rows)
+
+
+def earlier_runs_only(base: dict, head: dict, since_ms: float | None) -> set:
+    """The rows of `base` that the head lacks and that asv measured before `since_ms`, when
+    this invocation measured the base from `since_ms` on: an earlier run's, under another
+    selection (--bench, KERNELPERF_BENCH_*), not failures of the head. Without `since_ms` (a
+    reused base, `kernels compare`) none: every row the head lacks counts as failed, since an
+    operation whose module no longer imports drops out of the head's benchmarks altogether."""
+    if since_ms is None:
+        return set()
+    return {key for key, result in base.items()
+            if key not in head and (result.started_at is None or result.started_at < since_ms)}
 
 
 def _same_commit(base_rev: str, head_rev: str, commit: str, machine: str,

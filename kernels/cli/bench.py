@@ -29,9 +29,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     asv_wall = time.time() - started
     status = 0
     if args.base:
+        # The base measured here: its rows from earlier runs (other selections) are not the
+        # head's failures. asv stamps benchmarks in ms since the epoch.
+        since_ms = started * 1000.0 if len(revisions) == 2 else None
         status = asv_tools.run(args.base, args.head, machine=machine, min_gap=args.min_gap,
                                summary_md=args.summary_md, confirm_rounds=args.confirm_rounds,
-                               json_path=args.json)
+                               json_path=args.json, base_since_ms=since_ms)
     report = breakdown.report(started, asv_wall)
     if report:
         print(f"asv on {len(revisions)} commit(s) took {asv_wall:.0f} s; " + report)
