@@ -383,6 +383,10 @@ def test_throughputs_are_as_noisy_as_the_device_time_they_come_from():
     assert rows["track_gbps"].verdict == "same (within sample noise)"
     assert rows["track_launch"].verdict == "same (within host noise)"
     assert asv_tools.exit_status(list(rows.values())) == 0
+    head[("benchmarks.Softmax.track_launch", params)] = _tracked(15.0)  # past the host gap
+    launch = [row for row in asv_tools.compare(base, head) if "launch" in row.benchmark]
+    assert launch[0].verdict == "worse (host clock, not gated)"
+    assert asv_tools.exit_status(launch) == 0
 
 
 # Which way a unit is better follows from what it measures: a rate or a ratio of speeds is

@@ -338,6 +338,9 @@ def compare(base: dict, head: dict, min_gap: float = DEFAULT_MIN_GAP,
         ratio, word = verdict(key[0], b, h, min_gap, gap=bar)
         if word == "n/a":
             continue
+        if method == "track_launch" and word.endswith("(no samples)") and \
+                not word.startswith("same"):
+            word = word.replace("(no samples)", "(host clock, not gated)")
         rows.append(Row(key[0], key[1], b.value if b else None, h.value if h else None, ratio,
                         word, gap=bar.gap, why=bar.why))
     return sorted(rows, key=lambda row: (row.benchmark, row.params))
@@ -419,7 +422,8 @@ def resolution(rows: list[Row], target: float = TARGET_CHANGE) -> str:
 
 # The order rows take in the Markdown summary: what a reviewer must look at first.
 VERDICT_ORDER = ("FAILED on head", "slower", "worse (no samples)", "too noisy to tell",
-                 "faster", "better (no samples)", "new", "same (not confirmed)",
+                 "faster", "better (no samples)", "worse (host clock, not gated)",
+                 "better (host clock, not gated)", "new", "same (not confirmed)",
                  "same (within noise floor)", "same (within sample noise)",
                  "same (within host noise)",
                  "same (no samples)", "same")
@@ -508,7 +512,8 @@ def run(base_rev: str, head_rev: str, *, machine: str, results_dir: str = ".asv/
            "; no noise floors learned here (`python -m kernels noise-floor`)"))
     print(render(rows, floors))
     if earlier:
-        names = sorted({key[0].removeprefix("benchmarks.") for key in earlier})
+        names = sorted({key[0].removeprefix("benchmarks.").rsplit(".", 1)[0]
+                        for key in earlier})
         print(f"left out: {len(earlier)} rows of {base_rev} that only an earlier asv run "
               f"measured and {head_rev}'s run did not select ({', '.join(names[:6])}"
               f"{', ...' if len(names) > 6 else ''})")
