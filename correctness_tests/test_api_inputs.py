@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from correctness_tests import fakes
 from kernels.core import devices, registry, validation
 
 torch = pytest.importorskip("torch")  # third-party: the torch kernels' framework
@@ -145,27 +146,11 @@ def test_triton_softmax_refuses_rows_beyond_32_bit_offsets_before_launch():
 
 def test_index_range_counts_strides_and_sizes():
     validation.check_index_range("x", torch.zeros(1).expand(2**16, 2**16))  # offsets 0
-    validation.check_index_range("x", _NoStrides((2**15, 2**16)))  # 2**31 elements: the last
-    # is at offset 2**31 - 1, still representable
+    # 2**31 elements: the last is at offset 2**31 - 1, still representable
+    validation.check_index_range("x", fakes.Shape((2**15, 2**16)))
     with pytest.raises(ValueError, match="largest offset 0, largest dimension 2147483649"):
         validation.check_index_range("x", torch.zeros(1).expand(2**31 + 1))
     with pytest.raises(ValueError, match="largest offset 2147483648"):
-        validation.check_index_range("x", _Strided((2, 2), (2**30, -(2**30))))
+        validation.check_index_range("x", fakes.Shape((2, 2), (2**30, -(2**30))))
     with pytest.raises(ValueError, match="largest offset 2147483648"):
-        validation.check_index_range("x", _NoStrides((2**31 + 1,)))
-
-
-class _NoStrides:
-    """An array-like with a shape and no strides (a JAX array, say)."""
-
-    def __init__(self, shape):
-        self.shape = shape
-
-
-class _Strided(_NoStrides):
-    def __init__(self, shape, strides):
-        super().__init__(shape)
-        self.strides = strides
-
-    def stride(self):
-        return self.strides
+        validation.check_index_range("x", fakes.Shape((2**31 + 1,)))

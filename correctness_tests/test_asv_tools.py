@@ -6,7 +6,6 @@ import json
 import pathlib
 import time
 
-import numpy as np
 import pytest
 
 # Skip only when the third-party package is missing; an import error in our own
@@ -14,15 +13,8 @@ import pytest
 if importlib.util.find_spec("asv") is None or importlib.util.find_spec("asv_runner") is None:
     pytest.skip("needs asv (pip install asv)", allow_module_level=True)
 
-from asv_runner import statistics  # noqa: E402
-
+from correctness_tests import fakes  # noqa: E402
 from kernels.bench import asv_tools  # noqa: E402
-
-
-def _timed(center: float, spread: float, n: int = 20, seed: int = 0) -> asv_tools.Result:
-    samples = list(center + spread * np.random.default_rng(seed).standard_normal(n))
-    value, stats = statistics.compute_stats(samples, 1)
-    return asv_tools.Result(value, samples, stats)
 
 
 def _tracked(value: float) -> asv_tools.Result:
@@ -33,41 +25,47 @@ TIME = "benchmarks.Softmax.time_device"
 
 
 def test_clear_slowdown_is_slower_and_fails_the_gate():
-    ratio, word = asv_tools.verdict(TIME, _timed(1e-3, 1e-6), _timed(1.2e-3, 1e-6, seed=1))
+    ratio, word = asv_tools.verdict(TIME, fakes.asv_timed(1e-3, 1e-6),
+                                    fakes.asv_timed(1.2e-3, 1e-6, seed=1))
     assert word == "slower" and ratio == pytest.approx(1.2, rel=1e-2)
     rows = [asv_tools.Row(TIME, (), 1e-3, 1.2e-3, ratio, word)]
     assert asv_tools.exit_status(rows) == 1
 
 
 def test_clear_speedup_is_faster():
-    assert asv_tools.verdict(TIME, _timed(1e-3, 1e-6), _timed(0.8e-3, 1e-6, seed=1))[1] == "faster"
+    assert asv_tools.verdict(TIME, fakes.asv_timed(1e-3, 1e-6),
+                             fakes.asv_timed(0.8e-3, 1e-6, seed=1))[1] == "faster"
 
 
 def test_small_change_counts_as_same_even_if_significant():
-    assert asv_tools.verdict(TIME, _timed(1e-3, 1e-7), _timed(1.005e-3, 1e-7, seed=1))[1] == \
-        "same"
+    assert asv_tools.verdict(TIME, fakes.asv_timed(1e-3, 1e-7),
+                             fakes.asv_timed(1.005e-3, 1e-7, seed=1))[1] == "same"
 
 
 def test_a_two_percent_change_is_called_where_the_samples_are_tight():
     """The clock spreads 0.1-0.5% at real sizes: 2% either way must be called, by the
     default gap, from ten samples a side."""
-    base = _timed(1e-3, 2e-6, n=10)
-    assert asv_tools.verdict(TIME, base, _timed(1.02e-3, 2e-6, n=10, seed=1))[1] == "slower"
-    assert asv_tools.verdict(TIME, base, _timed(0.98e-3, 2e-6, n=10, seed=1))[1] == "faster"
+    base = fakes.asv_timed(1e-3, 2e-6, n=10)
+    assert asv_tools.verdict(TIME, base,
+                             fakes.asv_timed(1.02e-3, 2e-6, n=10, seed=1))[1] == "slower"
+    assert asv_tools.verdict(TIME, base,
+                             fakes.asv_timed(0.98e-3, 2e-6, n=10, seed=1))[1] == "faster"
 
 
 def test_large_change_within_the_samples_spread_is_same_within_noise():
-    base, head = _timed(1e-3, 4e-4, n=6), _timed(1.1e-3, 4e-4, n=6, seed=1)
+    base, head = fakes.asv_timed(1e-3, 4e-4, n=6), fakes.asv_timed(1.1e-3, 4e-4, n=6, seed=1)
     assert asv_tools.verdict(TIME, base, head)[1] == "same (within sample noise)"
 
 
 def test_the_gap_widens_with_the_spread_and_says_why():
-    tight = asv_tools.threshold(TIME, _timed(1e-3, 1e-7), _timed(1e-3, 1e-7, seed=1))
+    tight = asv_tools.threshold(TIME, fakes.asv_timed(1e-3, 1e-7),
+                                fakes.asv_timed(1e-3, 1e-7, seed=1))
     assert tight.gap == asv_tools.DEFAULT_MIN_GAP and tight.why is None
-    wide = asv_tools.threshold(TIME, _timed(1e-3, 3e-5), _timed(1e-3, 3e-5, seed=1))
+    wide = asv_tools.threshold(TIME, fakes.asv_timed(1e-3, 3e-5),
+                               fakes.asv_timed(1e-3, 3e-5, seed=1))
     assert wide.gap > 0.02 and wide.why.startswith("sample spread")
-    floored = asv_tools.threshold(TIME, _timed(1e-3, 1e-7), _timed(1e-3, 1e-7, seed=1),
-                                  floor=0.04)
+    floored = asv_tools.threshold(TIME, fakes.asv_timed(1e-3, 1e-7),
+                                  fakes.asv_timed(1e-3, 1e-7, seed=1), floor=0.04)
     assert floored.gap == 0.04 and floored.why == "learned run-to-run shift 4.0%"
     # tracked numbers have no samples: the gap is min_gap or the floor
     assert asv_tools.threshold("benchmarks.S.track_gbps", _tracked(1.0), _tracked(1.0)).gap \
@@ -86,7 +84,7 @@ def test_resolution_lists_the_rows_that_cannot_call_the_target():
 
 
 def test_without_samples_overlapping_intervals_are_too_noisy():
-    base, head = _timed(1e-3, 4e-4, n=6), _timed(1.1e-3, 4e-4, n=6, seed=1)
+    base, head = fakes.asv_timed(1e-3, 4e-4, n=6), fakes.asv_timed(1.1e-3, 4e-4, n=6, seed=1)
     base, head = (asv_tools.Result(r.value, None, r.stats) for r in (base, head))
     assert asv_tools.verdict(TIME, base, head)[1] == "too noisy to tell"
 
@@ -100,14 +98,15 @@ def test_higher_throughput_is_better_not_worse():
 
 
 def test_failure_on_head_is_reported_and_fails_the_gate():
-    ratio, word = asv_tools.verdict(TIME, _timed(1e-3, 1e-6), asv_tools.Result(None, None, None))
+    ratio, word = asv_tools.verdict(TIME, fakes.asv_timed(1e-3, 1e-6),
+                                    asv_tools.Result(None, None, None))
     assert word == "FAILED on head"
     assert asv_tools.exit_status([asv_tools.Row(TIME, (), 1e-3, None, None, word)]) == 1
 
 
 def test_render_shows_units_and_verdicts():
-    rows = asv_tools.compare({(TIME, ("'pallas'",)): _timed(1e-3, 1e-6)},
-                             {(TIME, ("'pallas'",)): _timed(1.5e-3, 1e-6, seed=1)})
+    rows = asv_tools.compare({(TIME, ("'pallas'",)): fakes.asv_timed(1e-3, 1e-6)},
+                             {(TIME, ("'pallas'",)): fakes.asv_timed(1.5e-3, 1e-6, seed=1)})
     text = asv_tools.render(rows)
     assert "Softmax.time_device" in text and "pallas" in text and "slower" in text
     assert " us " in text and "1.500" in text
@@ -142,17 +141,18 @@ def test_machine_keys_on_cpu_name_no_gpu():
 
 def test_noise_floor_is_the_largest_same_commit_shift_and_raises_the_bar():
     key = (TIME, ("'xla'", "'f32-64x1000'", "'fwd'"))
-    runs = [{key: _timed(v, 1e-7), ("benchmarks.Softmax.track_gbps", ()): _tracked(v)}
+    runs = [{key: fakes.asv_timed(v, 1e-7), ("benchmarks.Softmax.track_gbps", ()): _tracked(v)}
             for v in (1.0e-3, 1.2e-3, 1.1e-3)]
     floors = asv_tools.floors_from_runs(runs)
     # track_ rows learn no floor.
     assert floors == {asv_tools.floor_key(key): pytest.approx(0.2, rel=1e-3)}
     # A 15% slowdown with tight samples: "slower" without a floor, "same" inside a 20% floor,
     # "slower" again once it exceeds the floor.
-    base, head = _timed(1e-3, 1e-7), _timed(1.15e-3, 1e-7, seed=1)
+    base, head = fakes.asv_timed(1e-3, 1e-7), fakes.asv_timed(1.15e-3, 1e-7, seed=1)
     assert asv_tools.verdict(TIME, base, head)[1] == "slower"
     assert asv_tools.verdict(TIME, base, head, floor=0.2)[1] == "same (within noise floor)"
-    rows = asv_tools.compare({key: base}, {key: _timed(1.3e-3, 1e-7, seed=1)}, floors=floors)
+    rows = asv_tools.compare({key: base}, {key: fakes.asv_timed(1.3e-3, 1e-7, seed=1)},
+                             floors=floors)
     assert [row.verdict for row in rows] == ["slower"] and asv_tools.exit_status(rows) == 1
 
 
@@ -163,7 +163,7 @@ def _fresh(result: asv_tools.Result) -> asv_tools.Result:
 
 def test_learned_floors_round_trip_through_the_results_folder(tmp_path, monkeypatch):
     key = (TIME, ("'xla'",))
-    runs = iter([{key: _timed(1.0e-3, 1e-7)}, {key: _timed(1.1e-3, 1e-7)}])
+    runs = iter([{key: fakes.asv_timed(1.0e-3, 1e-7)}, {key: fakes.asv_timed(1.1e-3, 1e-7)}])
     monkeypatch.setattr(asv_tools, "full_hash", lambda revision: "c" * 40)
     monkeypatch.setattr(asv_tools, "bench", lambda revisions, bench_regex=None: "test-machine")
     # Stamped when loaded, as asv stamps each benchmark during the run that just ended.
@@ -299,13 +299,13 @@ def test_floors_come_only_from_runs_of_that_benchmark(tmp_path, monkeypatch):
     softmax = (TIME, ("'xla'",))
     attention = ("benchmarks.Attention.time_device", ("'xla'",))
     matmul = ("benchmarks.Matmul.time_device", ("'xla'",))
-    stale = {attention: dataclasses.replace(_timed(2e-3, 1e-7), started_at=1.0),
-             matmul: dataclasses.replace(_timed(3e-3, 1e-7), started_at=1.0)}
+    stale = {attention: dataclasses.replace(fakes.asv_timed(2e-3, 1e-7), started_at=1.0),
+             matmul: dataclasses.replace(fakes.asv_timed(3e-3, 1e-7), started_at=1.0)}
     values = iter([1.0e-3, 1.25e-3, 1.1e-3])
     monkeypatch.setattr(asv_tools, "full_hash", lambda revision: "c" * 40)
     monkeypatch.setattr(asv_tools, "bench", lambda revisions, bench_regex=None: "test-machine")
     monkeypatch.setattr(asv_tools, "load", lambda results_dir, machine, commit:
-                        {**stale, softmax: _fresh(_timed(next(values), 1e-7))})
+                        {**stale, softmax: _fresh(fakes.asv_timed(next(values), 1e-7))})
     results = str(tmp_path / "results")
     path = asv_tools.floors_path("test-machine", results)
     path.parent.mkdir(parents=True)
@@ -316,7 +316,8 @@ def test_floors_come_only_from_runs_of_that_benchmark(tmp_path, monkeypatch):
         asv_tools.floor_key(softmax): pytest.approx(0.25, rel=1e-3),
         asv_tools.floor_key(attention): 0.3}  # kept unchanged; none invented for Matmul
     # The compare table names the rows that have no floor.
-    rows = asv_tools.compare({matmul: _timed(3e-3, 1e-7)}, {matmul: _timed(3e-3, 1e-7, seed=1)})
+    rows = asv_tools.compare({matmul: fakes.asv_timed(3e-3, 1e-7)},
+                             {matmul: fakes.asv_timed(3e-3, 1e-7, seed=1)})
     text = asv_tools.render(rows, asv_tools.load_floors("test-machine", results))
     assert "noise floor" in text.splitlines()[0] and " none " in text.splitlines()[2]
 
@@ -324,7 +325,7 @@ def test_floors_come_only_from_runs_of_that_benchmark(tmp_path, monkeypatch):
 def test_compare_of_a_commit_with_itself_says_so(monkeypatch, capsys):
     monkeypatch.setattr(asv_tools, "full_hash", lambda revision: "c" * 40)
     monkeypatch.setattr(asv_tools, "load", lambda results_dir, machine, commit:
-                        {(TIME, ("'xla'",)): _timed(1e-3, 1e-7)})
+                        {(TIME, ("'xla'",)): fakes.asv_timed(1e-3, 1e-7)})
     assert asv_tools.run("main", "HEAD", machine="test-machine") == 0
     out = capsys.readouterr().out
     assert "main and HEAD are the same commit (cccccccc): nothing to compare" in out
@@ -372,10 +373,10 @@ def test_throughputs_are_as_noisy_as_the_device_time_they_come_from():
     """TFLOP/s, GB/s, roofline and speedup are the time row's median inverted: a change that
     is noise in time_device is noise in them too; the host launch cost is never gated."""
     params = ("'xla'",)
-    base = {(TIME, params): _timed(1e-3, 3e-4, n=7),
+    base = {(TIME, params): fakes.asv_timed(1e-3, 3e-4, n=7),
             ("benchmarks.Softmax.track_gbps", params): _tracked(100.0),
             ("benchmarks.Softmax.track_launch", params): _tracked(10.0)}
-    head = {(TIME, params): _timed(1e-3, 3e-4, n=7, seed=1),
+    head = {(TIME, params): fakes.asv_timed(1e-3, 3e-4, n=7, seed=1),
             ("benchmarks.Softmax.track_gbps", params): _tracked(80.0),
             ("benchmarks.Softmax.track_launch", params): _tracked(12.0)}
     rows = {row.benchmark.rsplit(".", 1)[-1]: row for row in asv_tools.compare(base, head)}

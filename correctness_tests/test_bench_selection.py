@@ -4,11 +4,10 @@ a GPU (perf_tests/benchmarks.py's `bench_cases` and `_suite`)."""
 from __future__ import annotations
 
 import perf_tests.benchmarks as benchmarks
+from correctness_tests import fakes
 from kernels.core import devices, environment, registry
 
-CPU = devices.Machine(platform="cpu", device_kind="cpu", device_count=1, compute_capability=None)
-GPU = devices.Machine(platform="gpu", device_kind="NVIDIA H100 80GB HBM3", device_count=1,
-                      compute_capability=(9, 0))
+CPU = fakes.cpu_machine(device_count=1)
 
 
 def _suites(monkeypatch, machine: devices.Machine) -> dict[str, list]:
@@ -43,7 +42,7 @@ def test_full_flag_and_gpu_run_every_benchmark(monkeypatch):
     assert full_cpu["Softmax"][0] == [i.name for i in registry.implementations("softmax")]
     assert full_cpu["Softmax"][2] == list(registry.DIRECTIONS)
     monkeypatch.delenv("KERNELPERF_BENCH_FULL")
-    gpu = _suites(monkeypatch, GPU)  # a GPU is never narrowed, flag or not
+    gpu = _suites(monkeypatch, fakes.H100)  # a GPU is never narrowed, flag or not
     assert set(gpu) == set(full_cpu)
     assert gpu["Softmax"][0] == full_cpu["Softmax"][0]
     assert gpu["Softmax"][1] == [c.id for c in registry.operation("softmax").cases

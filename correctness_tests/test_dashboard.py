@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from correctness_tests import fakes
 from kernels.bench import asv_tools, dashboard
 
 BENCHMARK = "benchmarks.Softmax.time_device"
@@ -185,22 +186,6 @@ def test_local_run_keeps_every_shipped_result_in_view(local_run, tmp_path):
         assert _color_pixels(bars_png, fill) > 100, (label, fill, bars)
 
 
-def _results_folder(root: Path, machine: str, listing: dict,
-                    results: dict[str, dict[str, tuple]]) -> Path:
-    """An asv results folder: `listing` as benchmarks.json, and per commit a result file whose
-    rows are benchmark -> (params, version, started_at)."""
-    (root / machine).mkdir(parents=True)
-    (root / machine / "machine.json").write_text(json.dumps({"machine": machine, "version": 1}))
-    for commit, rows in results.items():
-        (root / machine / f"{commit}-env.json").write_text(json.dumps({
-            "commit_hash": commit, "params": {"machine": machine}, "version": 2,
-            "result_columns": ["result", "params", "version", "started_at"],
-            "results": {name: [[1.0] * len(params[0]), params, version, started]
-                        for name, (params, version, started) in rows.items()}}))
-    (root / "benchmarks.json").write_text(json.dumps({**listing, "version": 2}))
-    return root
-
-
 def _entry(params: list, version: str, name: str = BENCHMARK) -> dict:
     return {"name": name, "params": params, "version": version,
             "param_names": ["implementation", "case", "direction"]}
@@ -214,11 +199,12 @@ GBPS = "benchmarks.Softmax.track_gbps"
 def test_dashboard_publishes_shipped_and_local_results_together(tmp_path):
     """`make dashboard`: the GPU results the repository ships and this machine's CPU results in
     one published folder, each benchmark's parameters the union of both."""
-    shipped = _results_folder(tmp_path / "shipped", "nvidia-h100-80gb-hbm3",
-                              {BENCHMARK: _entry(GPU_PARAMS, "1")},
-                              {"c0ffee": {BENCHMARK: (GPU_PARAMS, "1", 10)}})
-    local = _results_folder(tmp_path / "local", "amd-epyc", {BENCHMARK: _entry(CPU_PARAMS, "1")},
-                            {"beef": {BENCHMARK: (CPU_PARAMS, "1", 20)}})
+    shipped = fakes.asv_results_folder(tmp_path / "shipped", "nvidia-h100-80gb-hbm3",
+                                       {BENCHMARK: _entry(GPU_PARAMS, "1")},
+                                       {"c0ffee": {BENCHMARK: (GPU_PARAMS, "1", 10)}})
+    local = fakes.asv_results_folder(tmp_path / "local", "amd-epyc",
+                                     {BENCHMARK: _entry(CPU_PARAMS, "1")},
+                                     {"beef": {BENCHMARK: (CPU_PARAMS, "1", 20)}})
     lines = dashboard.combine_results([shipped, tmp_path / "absent", local], tmp_path / "both")
     assert sorted(p.name for p in (tmp_path / "both").iterdir()) == [
         "amd-epyc", "benchmarks.json", "nvidia-h100-80gb-hbm3"]
@@ -233,12 +219,13 @@ def test_results_of_other_benchmark_versions_are_shown_per_machine(tmp_path):
     """A local list under another version (a benchmark edited here) hides no shipped result:
     each machine shows its newest run's version; that machine's older versions stay hidden,
     and both are said."""
-    shipped = _results_folder(tmp_path / "shipped", "nvidia-h200",
-                              {BENCHMARK: _entry(GPU_PARAMS, "1")},
-                              {"c0ffee": {BENCHMARK: (GPU_PARAMS, "1", 10)}})
-    local = _results_folder(tmp_path / "local", "amd-epyc", {BENCHMARK: _entry(CPU_PARAMS, "2")},
-                            {"beef": {BENCHMARK: (CPU_PARAMS, "2", 30)},
-                             "dead": {BENCHMARK: (CPU_PARAMS, "1", 20)}})
+    shipped = fakes.asv_results_folder(tmp_path / "shipped", "nvidia-h200",
+                                       {BENCHMARK: _entry(GPU_PARAMS, "1")},
+                                       {"c0ffee": {BENCHMARK: (GPU_PARAMS, "1", 10)}})
+    local = fakes.asv_results_folder(tmp_path / "local", "amd-epyc",
+                                     {BENCHMARK: _entry(CPU_PARAMS, "2")},
+                                     {"beef": {BENCHMARK: (CPU_PARAMS, "2", 30)},
+                                      "dead": {BENCHMARK: (CPU_PARAMS, "1", 20)}})
     lines = dashboard.combine_results([shipped, local], tmp_path / "both")
 
     def stored_version(machine: str, commit: str) -> str:
@@ -261,9 +248,10 @@ def test_dashboard_metrics_survive_a_plain_asv_run(tmp_path):
     list without them. The kept list still names them, and results' own parameters (a case no
     list names) are shown too."""
     results = tmp_path / "results"
-    _results_folder(results, "amd-epyc",
-                    {BENCHMARK: _entry(CPU_PARAMS, "1"), GBPS: _entry(CPU_PARAMS, "1", GBPS)},
-                    {"beef": {GBPS: (CPU_PARAMS, "1", 10)}})
+    fakes.asv_results_folder(
+        results, "amd-epyc",
+        {BENCHMARK: _entry(CPU_PARAMS, "1"), GBPS: _entry(CPU_PARAMS, "1", GBPS)},
+        {"beef": {GBPS: (CPU_PARAMS, "1", 10)}})
     kept = tmp_path / "kept.json"
     dashboard.keep_benchmark_list(results, kept)
     wider = [CPU_PARAMS[0], ["'f32-64x1000'", "'f32-8x128'"], CPU_PARAMS[2]]

@@ -2,27 +2,20 @@
 
 import importlib.util
 
-import numpy as np
 import pytest
 
 if importlib.util.find_spec("asv") is None or importlib.util.find_spec("asv_runner") is None:
     pytest.skip("needs asv (pip install asv)", allow_module_level=True)
 
-from asv_runner import statistics  # noqa: E402
-
+from correctness_tests import fakes  # noqa: E402
 from kernels.bench import asv_tools, find_planted  # noqa: E402
 
 KEY = ("benchmarks.Softmax.time_device", ("'xla'", "'f32-32768x4096'", "'fwd'"))
 
 
-def _timed(center: float) -> asv_tools.Result:
-    samples = list(center + 1e-7 * np.random.default_rng(0).standard_normal(20))
-    value, stats = statistics.compute_stats(samples, 1)
-    return asv_tools.Result(value, samples, stats)
-
-
 def test_the_summary_compares_the_first_commit_with_the_last(monkeypatch, tmp_path):
-    saved = {"first": {KEY: _timed(358e-6)}, "last": {KEY: _timed(383e-6)}}
+    saved = {"first": {KEY: fakes.asv_timed(358e-6, 1e-7)},
+             "last": {KEY: fakes.asv_timed(383e-6, 1e-7)}}
     monkeypatch.setattr(asv_tools, "load", lambda results, machine, commit: saved.get(commit, {}))
     summary = find_planted.job_summary(tmp_path, "h100", "first", "last")
     assert "asv on h100: first (first of the range) -> last (last)" in summary

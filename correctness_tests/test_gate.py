@@ -7,6 +7,7 @@ import contextlib
 import numpy as np
 import pytest
 
+from correctness_tests import fakes
 from kernels.bench import gate
 from kernels.core import registry
 
@@ -110,17 +111,9 @@ def test_plants_cover_every_family_in_two_operations_or_more():
 
 
 def test_asv_marks_a_row_worse_by_its_own_test():
-    from asv_runner.statistics import compute_stats
-
-    from kernels.bench import asv_tools
-
-    def result(samples):
-        value, stats = compute_stats(samples, 1)
-        return asv_tools.Result(value, samples, stats)
-
     rng = np.random.default_rng(0)
-    base = result(list(1e-3 * (1 + 0.002 * rng.standard_normal(50))))
-    slower = result(list(1.07e-3 * (1 + 0.002 * rng.standard_normal(50))))
+    base = fakes.asv_result(list(1e-3 * (1 + 0.002 * rng.standard_normal(50))))
+    slower = fakes.asv_result(list(1.07e-3 * (1 + 0.002 * rng.standard_normal(50))))
     assert gate.asv_marks_worse(base, slower, 1.05)
     assert not gate.asv_marks_worse(base, slower, 1.1)
     assert not gate.asv_marks_worse(slower, base, 1.05)  # a speed-up is not worse

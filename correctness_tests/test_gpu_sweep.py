@@ -114,3 +114,31 @@ def test_an_arm_can_select_tests(monkeypatch, tmp_path, commands):
     gpu_sweep.part_sanitizer(tmp_path, 1.0, repeats=1, jobs=1, arms=(arm,))
     assert commands[0][:len(gpu_sweep.MEMCHECK) + 1] == ["/bin/true", *gpu_sweep.MEMCHECK]
     assert commands[0][-2:] == ["-k", "test_x"]
+
+
+def _torch_formula(op: str, args):
+    """The sweep's expected results before it took the registered references: torch's own
+    formulas, an independent check that the sweep calls each row's own reference."""
+    import torch
+
+    xs = [a.float() for a in args]
+    if op == "softmax":
+        return torch.softmax(xs[0], dim=-1)
+    if op == "row_sum":
+        return xs[0].sum(dim=-1)
+    if op == "matmul":
+        return xs[0] @ xs[1]
+    q, k, v = (x.transpose(1, 2) for x in xs)  # (b, h, s, d)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2)
+
+
+@pytest.mark.parametrize("op,impl,shapes", [pytest.param(*row, id=f"{row[0]}-{row[1]}")
+                                            for row in gpu_sweep.KERNELS])
+def test_expected_is_the_operations_reference(op, impl, shapes):
+    """Every row's expected result is its operation's registered reference, on the row's own
+    (CPU) inputs in the row's dtype: the same as torch's formula for it, shape included."""
+    torch = pytest.importorskip("torch")  # third-party
+    args = gpu_sweep._make("cpu", shapes, gpu_sweep._dtype_for(impl))
+    want = gpu_sweep._expected(op, args)
+    assert want.dtype == torch.float32 and want.device.type == "cpu"
+    torch.testing.assert_close(want, _torch_formula(op, args), rtol=1e-4, atol=1e-4)

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from correctness_tests import fakes
 from kernels.core import checking, devices, dtypes, frameworks, phases, registry
 
 SOFTMAX_CASE = registry.make_case("softmax", "f32", {"rows": 6, "cols": 300}, tags=["cpu"])
@@ -26,22 +27,6 @@ def planted():
         registry.unregister_implementation("softmax", name)
 
 
-def _grad_scaled(scale):
-    @jax.custom_vjp
-    def f(x):
-        return jax.nn.softmax(x, axis=-1)
-
-    def fwd(x):
-        y = f(x)
-        return y, y
-
-    def bwd(y, dy):
-        return (scale * y * (dy - jnp.sum(y * dy, axis=-1, keepdims=True)),)
-
-    f.defvjp(fwd, bwd)
-    return f
-
-
 PLANTED_FAULTS = {
     "zeros": (lambda x: jnp.zeros_like(x), "all zeros"),
     "constant": (lambda x: jnp.full_like(x, 1.0 / x.shape[-1]), "constant"),
@@ -50,7 +35,7 @@ PLANTED_FAULTS = {
     "one-row-wrong": (lambda x: jax.nn.softmax(x, axis=-1).at[3].set(1.0 / x.shape[-1]),
                       "worst at"),
     "wrong-dtype": (lambda x: jax.nn.softmax(x, axis=-1).astype(jnp.float16), "dtype float16"),
-    "wrong-gradient": (_grad_scaled(0.99), r"dx: rel 9\.\d+e-03"),
+    "wrong-gradient": (fakes.softmax_with_scaled_gradient(0.99), r"dx: rel 9\.\d+e-03"),
 }
 
 
@@ -404,7 +389,7 @@ REAL_SIZE_FAULTS = {
                         r"output: .* worst at \(20000, 5\)"),
     "last-column": (lambda x: _last_column_wrong(jax.nn.softmax(x, axis=-1)), "output: rel"),
     "zeros": (lambda x: jnp.zeros_like(x), "all zeros"),
-    "wrong-gradient": (_grad_scaled(0.99), r"dx: rel \d\.\d+e-03"),
+    "wrong-gradient": (fakes.softmax_with_scaled_gradient(0.99), r"dx: rel \d\.\d+e-03"),
 }
 
 

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from correctness_tests import fakes
 from kernels.bench import perfcheck
 from kernels.core import devices, fingerprint, registry, timing
 from kernels.profile import crosscheck
@@ -493,13 +494,6 @@ def test_cases_are_built_from_dims_and_attention_flags():
 
 # Which sampler a GPU gets, without a GPU: the session, the flushes and torch's wait are fakes.
 
-def _gpu_device():
-    return fingerprint.Fingerprint(
-        platform="gpu", name="Test GPU", model="test-gpu", sm_count=132, memory_bytes=80 << 30,
-        l2_bytes=60 << 20, compute_capability="90", driver="580", cuda="13.0",
-        default_sm_mhz=1980, max_sm_mhz=1980, versions=())
-
-
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """CUPTI as a fake session; every flush a fake launch recording (bytes, wait); torch's
@@ -534,7 +528,7 @@ def test_a_gpu_call_is_sampled_by_cupti_with_the_l2_flush_left_out(fake_gpu, fra
     session, flushes = fake_gpu
     timeable = timing.Timeable("k", framework, lambda: session.launch("k", 2.0), (),
                                on_gpu=True)
-    sampler, method = timing.make_sampler(timeable, regime, _gpu_device())
+    sampler, method = timing.make_sampler(timeable, regime, fakes.gpu_fingerprint())
     assert method == "cupti"
     assert sampler.take(3) == pytest.approx([2e-3] * 3)
     expected = [(framework, 60 << 20, False if framework == "jax" else True)]
@@ -550,13 +544,13 @@ def test_torch_on_a_gpu_is_timed_by_events_when_asked_or_without_cupti(fake_gpu,
     timeable = timing.Timeable("k", "torch", lambda: None, (), on_gpu=True)
     monkeypatch.setenv(timing.TORCH_TIMER_VARIABLE, "cuda-events")
     monkeypatch.setattr(compat, "cupti_session", lambda: pytest.fail("CUPTI asked for"))
-    sampler, method = timing.make_sampler(timeable, "cold", _gpu_device())
+    sampler, method = timing.make_sampler(timeable, "cold", fakes.gpu_fingerprint())
     assert method == "cuda-events" and isinstance(sampler.inner, timing._CudaEventSampler)
     assert sampler.inner.flush is not None and flushes == [("torch", 60 << 20, True)]
     monkeypatch.delenv(timing.TORCH_TIMER_VARIABLE)
     monkeypatch.setattr(compat, "cupti_session", lambda: None)
     with pytest.warns(RuntimeWarning, match="torch is timed by cuda-events"):
-        sampler, method = timing.make_sampler(timeable, "hot", _gpu_device())
+        sampler, method = timing.make_sampler(timeable, "hot", fakes.gpu_fingerprint())
     assert method == "cuda-events" and sampler.inner.flush is None
 
 
@@ -569,7 +563,7 @@ def test_jax_on_a_gpu_without_cupti_is_timed_by_the_host_clock_with_a_warning(fa
     timeable = timing.Timeable("k", "jax", lambda: None, (), on_gpu=True)
     with pytest.warns(RuntimeWarning, match=r"jax is timed by host-clock, which counts launch "
                                             r"gaps; such results say method='host-clock'"):
-        sampler, method = timing.make_sampler(timeable, "cold", _gpu_device())
+        sampler, method = timing.make_sampler(timeable, "cold", fakes.gpu_fingerprint())
     assert method == "host-clock" and isinstance(sampler.inner, timing._HostSampler)
     assert flushes == [("jax", 60 << 20, True)]
 
@@ -587,7 +581,7 @@ def test_jax_arrays_over_several_devices_are_timed_by_the_host_clock(fake_gpu):
     one = jax.device_put(np.ones((4, 2), np.float32), jax.devices()[0])
     assert timing.spans_devices((spread, 1)) and not timing.spans_devices({"a": [one], "b": 2})
     timeable = timing.Timeable("k", "jax", lambda x: x, (spread,), on_gpu=True)
-    _, method = timing.make_sampler(timeable, "hot", _gpu_device())
+    _, method = timing.make_sampler(timeable, "hot", fakes.gpu_fingerprint())
     assert method == "host-clock"
 
 
@@ -595,7 +589,7 @@ def test_make_sampler_refuses_an_unknown_regime():
     timeable = timing.Timeable("k", "torch", lambda: None, (), on_gpu=False)
     with pytest.raises(ValueError,
                        match=r"^regime: expected one of \('cold', 'hot'\), got 'warm'$"):
-        timing.make_sampler(timeable, "warm", _gpu_device())
+        timing.make_sampler(timeable, "warm", fakes.gpu_fingerprint())
 
 
 def test_the_flushes_write_the_bytes_they_are_given():
@@ -613,8 +607,8 @@ def test_the_flushes_write_the_bytes_they_are_given():
 
 def test_the_time_budget_follows_its_variable_and_the_platform(monkeypatch):
     monkeypatch.delenv("KERNELPERF_TIME_BUDGET", raising=False)
-    assert timing.default_rule(_gpu_device()).time_budget_s == 3.0
-    cpu = dataclasses.replace(_gpu_device(), platform="cpu")
+    assert timing.default_rule(fakes.gpu_fingerprint()).time_budget_s == 3.0
+    cpu = dataclasses.replace(fakes.gpu_fingerprint(), platform="cpu")
     assert timing.default_rule(cpu).time_budget_s == 1.0
     monkeypatch.setenv("KERNELPERF_TIME_BUDGET", "0.25")
     assert timing.default_rule(cpu) == timing.StoppingRule(time_budget_s=0.25)
@@ -670,7 +664,7 @@ def test_samples_taken_under_a_low_clock_are_flagged_throttled(monkeypatch):
         def take(self, n):
             return [1e-3] * n
 
-    sampler = timing._ClockedSampler(Counting(), _gpu_device())
+    sampler = timing._ClockedSampler(Counting(), fakes.gpu_fingerprint())
     sampler.take(2)
     sampler.take(1)
     sampler.take(1)

@@ -14,6 +14,7 @@ import pytest
 if importlib.util.find_spec("asv") is None:  # third-party only: see test_test_hygiene
     pytest.skip("needs asv (pip install asv)", allow_module_level=True)
 
+from correctness_tests import fakes  # noqa: E402
 from kernels.bench import asv_tools, recover  # noqa: E402
 from kernels.core import registry  # noqa: E402
 from perf_tests import measuring  # noqa: E402
@@ -43,13 +44,9 @@ def interrupted(tmp_path: pathlib.Path, monkeypatch):
                                "reason": "worker killed by SIGABRT"})
     measuring.append(journal, {"event": "skipped", "key": f"softmax/cuda/{CASE}/fwd",
                                "reason": "needs a CUDA GPU"})
-    results = tmp_path / "results"
-    (results / MACHINE).mkdir(parents=True)
-    (results / MACHINE / "machine.json").write_text(json.dumps({"machine": MACHINE,
-                                                                  "version": 1}))
     methods = ["time_device", "track_peak_memory", "track_gbps", "track_launch"]
-    (results / "benchmarks.json").write_text(json.dumps(
-        {**{f"benchmarks.Softmax.{m}": _benchmark(m) for m in methods}, "version": 2}))
+    listing = {f"benchmarks.Softmax.{m}": _benchmark(m) for m in methods}
+    results = fakes.asv_results_folder(tmp_path / "results", MACHINE, listing, {})  # no run yet
     commit = recover._commit("HEAD")
     monkeypatch.setenv("KERNELPERF_BENCH_CASES", "nothing")  # recovery ignores narrowing
     yield tmp_path / "journals", results, commit, samples

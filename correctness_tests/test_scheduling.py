@@ -8,6 +8,7 @@ import types
 
 import pytest
 
+from correctness_tests import fakes
 from kernels.core import devices, environment, fingerprint, phases, registry
 from kernels.testing import scheduling
 
@@ -18,9 +19,7 @@ _spec = importlib.util.spec_from_file_location(
 conftest = sys.modules.setdefault(_spec.name, importlib.util.module_from_spec(_spec))
 _spec.loader.exec_module(conftest)
 
-H100 = devices.Machine(platform="gpu", device_kind="NVIDIA H100 80GB HBM3", device_count=1,
-                       compute_capability=(9, 0))
-CPU = devices.Machine(platform="cpu", device_kind="cpu", device_count=8, compute_capability=None)
+CPU = fakes.cpu_machine(device_count=8)
 GIB = 2**30
 
 
@@ -30,7 +29,7 @@ def _case(op_name, case_id):
 
 def test_only_real_size_attention_needs_the_heavy_group():
     heavy = {(op.name, case.id) for op in registry.operations() for case in op.cases
-             if scheduling.group(op, registry.implementations(op.name)[0], case, H100)
+             if scheduling.group(op, registry.implementations(op.name)[0], case, fakes.H100)
              == scheduling.HEAVY_GROUP}
     assert heavy == {("attention", "bf16-4x4096x16x128"),
                      ("attention", "bf16-4x4096x16x128-causal"),
@@ -42,11 +41,11 @@ def test_groups_per_case_and_for_several_devices():
     softmax = registry.operation("softmax")
     xla = registry.implementation("softmax", "xla")
     case = _case("softmax", "f32-32768x4096")
-    assert scheduling.group(softmax, xla, case, H100) == "softmax-f32-32768x4096"
+    assert scheduling.group(softmax, xla, case, fakes.H100) == "softmax-f32-32768x4096"
     sharded = registry.operation("sharded_matmul")
     collective = registry.implementation("sharded_matmul", "collective")
     mesh = sharded.cases_tagged("gpu")[0]
-    assert scheduling.group(sharded, collective, mesh, H100) == scheduling.MULTI_DEVICE_GROUP
+    assert scheduling.group(sharded, collective, mesh, fakes.H100) == scheduling.MULTI_DEVICE_GROUP
     # On CPU every case is its own group: the sharded ones run on host devices, in parallel.
     assert scheduling.group(sharded, collective, mesh, CPU) == f"sharded_matmul-{mesh.id}"
     attention = registry.operation("attention")
@@ -70,7 +69,7 @@ def test_estimates_follow_the_arrays():
 
 @pytest.mark.parametrize("gpu_gib, cpus", [(80, 16), (80, 4), (141, 16), (40, 16), (24, 8)])
 def test_worker_count_fits_the_gpu(gpu_gib, cpus):
-    estimates = scheduling.runnable_estimates(H100)
+    estimates = scheduling.runnable_estimates(fakes.H100)
     plan = scheduling.plan(gpu_gib * GIB, estimates, cpus)
     light = max(b for g, b in estimates if g != scheduling.HEAVY_GROUP)
     heavy = max(b for g, b in estimates if g == scheduling.HEAVY_GROUP)
@@ -139,11 +138,11 @@ def _config(numprocesses, dist="no", collectonly=False, markexpr=""):
 
 @pytest.fixture
 def on_h100(monkeypatch):
-    monkeypatch.setattr(devices, "this_machine", lambda: H100)
+    monkeypatch.setattr(devices, "this_machine", lambda: fakes.H100)
     monkeypatch.setattr(fingerprint, "gpu_memory_bytes", lambda: 80 * GIB)
     monkeypatch.setattr(environment, "cpu_count", lambda: 16)
     monkeypatch.delenv(scheduling.WORKERS_VARIABLE, raising=False)
-    return scheduling.plan(80 * GIB, scheduling.runnable_estimates(H100), 16).workers
+    return scheduling.plan(80 * GIB, scheduling.runnable_estimates(fakes.H100), 16).workers
 
 
 def test_plain_command_on_a_gpu_takes_the_planned_workers_by_group(on_h100):

@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from correctness_tests import fakes
 from kernels.core import fingerprint, timing
 
 SLEEP_S = 0.004
@@ -253,14 +254,6 @@ def test_measurement_from_samples_defaults_and_keeps_clocks():
         timing.Measurement.from_samples([], **fields)
 
 
-def _gpu(l2_bytes: int) -> fingerprint.Fingerprint:
-    """A made-up GPU: the flush's size is read from the fingerprint, so no GPU is needed."""
-    return fingerprint.Fingerprint(
-        platform="gpu", name="Test GPU", model="test-gpu", sm_count=132, memory_bytes=80 << 30,
-        l2_bytes=l2_bytes, compute_capability="90", driver="580", cuda="13.0",
-        default_sm_mhz=1980, max_sm_mhz=1980, versions=())
-
-
 def _largest_cpu_cache() -> int:
     """The largest cache sysfs lists for CPU 0 (read here independently of the timer)."""
     import pathlib
@@ -288,7 +281,7 @@ def test_cold_flush_covers_the_devices_last_level_cache(monkeypatch, device, pla
 
     for name in ("jax_flush", "numpy_flush", "torch_flush"):
         monkeypatch.setattr(timing, name, recording_flush)
-    target = _gpu(l2_bytes=60 << 20) if platform == "gpu" else device
+    target = fakes.gpu_fingerprint(l2_bytes=60 << 20) if platform == "gpu" else device
     cache = target.l2_bytes if platform == "gpu" else min(_largest_cpu_cache(),
                                                           timing.CPU_FLUSH_MAX_BYTES)
     assert timing.l2_bytes(target) >= cache
@@ -302,7 +295,7 @@ def test_cold_flush_covers_the_devices_last_level_cache(monkeypatch, device, pla
 
 def test_a_gpu_with_no_known_l2_refuses_the_cold_regime():
     with pytest.raises(RuntimeError, match=r"cannot flush L2 on Test GPU: its L2 size is unknown"):
-        timing.l2_bytes(_gpu(l2_bytes=0))
+        timing.l2_bytes(fakes.gpu_fingerprint(l2_bytes=0))
 
 
 def test_stopping_rule_defaults_are_the_documented_ones(monkeypatch):
@@ -312,5 +305,5 @@ def test_stopping_rule_defaults_are_the_documented_ones(monkeypatch):
     rule = timing.StoppingRule()
     assert (rule.max_noise, rule.min_samples, rule.min_time_s, rule.max_samples) == \
         (0.005, 20, 0.02, 10_000)
-    assert timing.default_rule(_gpu(50 << 20)).time_budget_s == 3.0
+    assert timing.default_rule(fakes.gpu_fingerprint(50 << 20)).time_budget_s == 3.0
     assert timing.LAUNCH_CALLS == 20

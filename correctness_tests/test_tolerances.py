@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from correctness_tests import fakes
 from kernels.core import checking, dtypes, registry
 
 # (dtype, reduction length) -> relative tolerance.
@@ -128,28 +129,6 @@ def test_every_operations_gradient_factor_is_pinned():
         dict.fromkeys(PINNED_OPS, GRADIENT_FACTOR)
 
 
-def _softmax_with_gradient_off_by(relative: float):
-    """A correct softmax whose VJP is scaled by (1 + relative): a gradient error of exactly
-    `relative` in norm and in max, the output untouched."""
-    import jax
-    import jax.numpy as jnp
-
-    @jax.custom_vjp
-    def softmax(x):
-        return jax.nn.softmax(x, axis=-1)
-
-    def forward(x):
-        y = softmax(x)
-        return y, y
-
-    def backward(y, dy):
-        dx = y * (dy - jnp.sum(y * dy, axis=-1, keepdims=True))
-        return (dx * (1.0 + relative),)
-
-    softmax.defvjp(forward, backward)
-    return softmax
-
-
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 @pytest.mark.parametrize("factor", [3.0, 0.3])
 def test_gradient_error_is_judged_against_the_pinned_gradient_tolerance(dtype, factor):
@@ -159,7 +138,8 @@ def test_gradient_error_is_judged_against_the_pinned_gradient_tolerance(dtype, f
     case = _first_cases(op)[dtype]
     gradient_tolerance = PINNED_OPS["softmax"][dtype] * GRADIENT_FACTOR
     impl = registry.Implementation(op="softmax", name=f"dx-off-{factor:g}x",
-                                   fn=_softmax_with_gradient_off_by(factor * gradient_tolerance))
+                                   fn=fakes.softmax_with_scaled_gradient(
+                                       1.0 + factor * gradient_tolerance))
     if factor > 1:
         with pytest.raises(checking.CheckFailure, match=r" dx: rel \d"):
             checking.check(impl, case)

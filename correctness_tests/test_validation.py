@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from correctness_tests import fakes
 from kernels.core import validation
 
 
@@ -106,26 +107,16 @@ def test_check_x64_covers_every_wide_dtype_and_non_arrays():
             validation.check_x64_for("x", np.ones(2, dtype))
 
 
-class _Shape:
-    def __init__(self, shape, strides=None):
-        self.shape, self.strides = shape, strides
-
-    def __getattr__(self, name):
-        if name == "stride" and self.strides is not None:
-            return lambda: self.strides
-        raise AttributeError(name)
-
-
 def test_check_index_range_edges():
-    validation.check_index_range("x", _Shape(()))  # a scalar: offset 0
-    validation.check_index_range("x", _Shape((0, 2**40)))  # empty: nothing is addressed
+    validation.check_index_range("x", fakes.Shape(()))  # a scalar: offset 0
+    validation.check_index_range("x", fakes.Shape((0, 2**40)))  # empty: nothing is addressed
     with pytest.raises(ValueError, match=r"^x: expected offsets below 2\*\*31 \(32-bit index "
                                          r"arithmetic\), got shape \(65536, 65536\): largest "
                                          r"offset 4294967295, largest dimension 65536$"):
-        validation.check_index_range("x", _Shape((2**16, 2**16)))
+        validation.check_index_range("x", fakes.Shape((2**16, 2**16)))
     with pytest.raises(ValueError, match=r"got shape \(1, 2147483649\) with strides \(0, 0\): "
                                          r"largest offset 0, largest dimension 2147483649$"):
-        validation.check_index_range("x", _Shape((1, 2**31 + 1), (0, 0)))
+        validation.check_index_range("x", fakes.Shape((1, 2**31 + 1), (0, 0)))
 
 
 def test_check_messages_at_their_edges():

@@ -7,7 +7,8 @@ called with inputs a user may hand it by mistake: CPU tensors, tensors on anothe
 a strided slice), zero-size inputs and JAX arrays. Each call runs in its own process, so a
 crash (a segmentation fault, an illegal address that poisons the CUDA context) is one row, not
 the end of the sweep. A row passes if the kernel returns the right result (compared with
-torch's own) or raises a TypeError / ValueError before launching; anything else is reported.
+the operation's registered reference) or raises a TypeError / ValueError before launching;
+anything else is reported.
 
 Part "sanitizer": `compute-sanitizer --tool memcheck` over `pytest -m "cuda and small"` dies by
 SIGSEGV now and then on the H100, in the sanitizer's own executable, while it follows the test
@@ -94,17 +95,23 @@ def _make(kind: str, shapes, dtype: str):
 
 
 def _expected(op: str, args):
+    """The right result of one row: the operation's registered jax.numpy reference
+    (kernels.core.registry) on the inputs upcast to float32, as a float32 CPU torch tensor.
+    `args` are CPU torch tensors; the case params are the reference's defaults (the rows of
+    KERNELS pass none)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
     import torch
 
-    xs = [a.float() for a in args]
-    if op == "softmax":
-        return torch.softmax(xs[0], dim=-1)
-    if op == "row_sum":
-        return xs[0].sum(dim=-1)
-    if op == "matmul":
-        return xs[0] @ xs[1]
-    q, k, v = (x.transpose(1, 2) for x in xs)  # (b, h, s, d)
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2)
+    from kernels.core import registry
+
+    reference = registry.operation(op).reference
+    # On the host, as the torch formulas it replaces were: the truth stays off the GPU whose
+    # kernels are under test, and in full float32 (no TF32 products).
+    with jax.default_device(jax.devices("cpu")[0]):
+        out = reference(*(jnp.asarray(a.float().numpy(), dtype=jnp.float32) for a in args))
+        return torch.from_numpy(np.array(out, dtype=np.float32))
 
 
 def child(op: str, impl_name: str, kind: str) -> dict:

@@ -164,9 +164,8 @@ def work(case: registry.Case, direction: str) -> registry.Work:
     lse_bytes = b * h * s * 4
     if direction == "fwd":
         return registry.Work(flops=fwd_flops, bytes=4.0 * tensor_bytes + lse_bytes)
-    if direction == "bwd":
-        return registry.Work(flops=2.5 * fwd_flops, bytes=8.0 * tensor_bytes + lse_bytes)
-    raise ValueError(f"direction: expected one of {registry.DIRECTIONS}, got {direction!r}")
+    registry.check_direction(direction)
+    return registry.Work(flops=2.5 * fwd_flops, bytes=8.0 * tensor_bytes + lse_bytes)
 
 
 def tolerance(case: registry.Case) -> float:

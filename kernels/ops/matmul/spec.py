@@ -87,10 +87,9 @@ def work(case: registry.Case, direction: str) -> registry.Work:
     itemsize = dtypes.to_numpy(case.dtype).itemsize
     if direction == "fwd":
         return registry.Work(flops=2.0 * m * n * k, bytes=(m * k + k * n + m * n) * itemsize)
-    if direction == "bwd":
-        return registry.Work(flops=4.0 * m * n * k,
-                             bytes=2.0 * (m * k + k * n + m * n) * itemsize)
-    raise ValueError(f"direction: expected one of {registry.DIRECTIONS}, got {direction!r}")
+    registry.check_direction(direction)
+    return registry.Work(flops=4.0 * m * n * k,
+                         bytes=2.0 * (m * k + k * n + m * n) * itemsize)
 
 
 def tolerance(case: registry.Case) -> float:

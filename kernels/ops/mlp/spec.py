@@ -72,10 +72,9 @@ def work(case: registry.Case, direction: str) -> registry.Work:
     weights = 2.0 * layers * d_model * d_ff
     if direction == "fwd":
         return registry.Work(flops=flops, bytes=(2.0 * batch * d_model + weights) * itemsize)
-    if direction == "bwd":
-        return registry.Work(flops=2 * flops,
-                             bytes=(4.0 * batch * d_model + 2 * weights) * itemsize)
-    raise ValueError(f"direction: expected one of {registry.DIRECTIONS}, got {direction!r}")
+    registry.check_direction(direction)
+    return registry.Work(flops=2 * flops,
+                         bytes=(4.0 * batch * d_model + 2 * weights) * itemsize)
 
 
 def tolerance(case: registry.Case) -> float:

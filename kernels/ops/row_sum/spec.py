@@ -48,9 +48,8 @@ def work(case: registry.Case, direction: str) -> registry.Work:
     moved = (rows * cols + rows) * itemsize
     if direction == "fwd":
         return registry.Work(flops=float(rows * cols), bytes=float(moved))
-    if direction == "bwd":
-        return registry.Work(flops=0.0, bytes=float(moved))
-    raise ValueError(f"direction: expected one of {registry.DIRECTIONS}, got {direction!r}")
+    registry.check_direction(direction)
+    return registry.Work(flops=0.0, bytes=float(moved))
 
 
 def tolerance(case: registry.Case) -> float:

@@ -60,9 +60,8 @@ def work(case: registry.Case, direction: str) -> registry.Work:
     itemsize = dtypes.to_numpy(case.dtype).itemsize
     if direction == "fwd":
         return registry.Work(flops=5.0 * elements, bytes=2.0 * elements * itemsize)
-    if direction == "bwd":
-        return registry.Work(flops=4.0 * elements, bytes=3.0 * elements * itemsize)
-    raise ValueError(f"direction: expected one of {registry.DIRECTIONS}, got {direction!r}")
+    registry.check_direction(direction)
+    return registry.Work(flops=4.0 * elements, bytes=3.0 * elements * itemsize)
 
 
 def tolerance(case: registry.Case) -> float:

@@ -1,0 +1,103 @@
+"""Made-up things the tests share, so that none needs the real one: a GPU's fingerprint and
+machines, an array-like with only a shape, a softmax with a planted gradient error, and asv
+results (values, and a results folder as asv writes it).
+
+Not a test module (pytest collects test_*.py only); the tests import it as
+`from correctness_tests import fakes`. Third-party packages (jax, asv) are imported where
+they are used, so a test that needs none of them imports this module without them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kernels.core import devices, fingerprint
+
+# The machine devices.this_machine() describes on one H100.
+H100 = devices.Machine(platform="gpu", device_kind="NVIDIA H100 80GB HBM3", device_count=1,
+                       compute_capability=(9, 0))
+
+
+def cpu_machine(device_count: int) -> devices.Machine:
+    """A CPU machine with `device_count` JAX host devices."""
+    return devices.Machine(platform="cpu", device_kind="cpu", device_count=device_count,
+                           compute_capability=None)
+
+
+def gpu_fingerprint(l2_bytes: int = 60 << 20) -> fingerprint.Fingerprint:
+    """A made-up GPU ("Test GPU": 132 SMs, 80 GiB, compute capability 9.0, a fixed 1980 MHz
+    clock) with `l2_bytes` of L2: the timer reads its sampler, flush size and time budget from
+    the fingerprint, so no GPU is needed."""
+    return fingerprint.Fingerprint(
+        platform="gpu", name="Test GPU", model="test-gpu", sm_count=132, memory_bytes=80 << 30,
+        l2_bytes=l2_bytes, compute_capability="90", driver="580", cuda="13.0",
+        default_sm_mhz=1980, max_sm_mhz=1980, versions=())
+
+
+class Shape:
+    """An array-like with a shape and nothing else (a JAX array has no strides), or with
+    torch's `stride()` when `strides` is given: what validation.check_index_range reads,
+    at sizes no test could allocate."""
+
+    def __init__(self, shape: tuple[int, ...], strides: tuple[int, ...] | None = None):
+        self.shape = shape
+        if strides is not None:
+            self.stride = lambda: strides
+
+
+def softmax_with_scaled_gradient(scale: float):
+    """A correct jax softmax over the last axis whose VJP is multiplied by `scale`: a gradient
+    error of exactly |scale - 1| in norm and in max, the output untouched."""
+    import jax
+    import jax.numpy as jnp
+
+    @jax.custom_vjp
+    def softmax(x):
+        return jax.nn.softmax(x, axis=-1)
+
+    def forward(x):
+        y = softmax(x)
+        return y, y
+
+    def backward(y, dy):
+        dx = y * (dy - jnp.sum(y * dy, axis=-1, keepdims=True))
+        return (dx * scale,)
+
+    softmax.defvjp(forward, backward)
+    return softmax
+
+
+def asv_result(samples: list[float]):
+    """An asv_tools.Result of timing `samples`, with the value and statistics asv computes
+    from them (asv_runner's compute_stats)."""
+    from asv_runner import statistics
+
+    from kernels.bench import asv_tools
+
+    value, stats = statistics.compute_stats(samples, 1)
+    return asv_tools.Result(value, samples, stats)
+
+
+def asv_timed(center: float, spread: float, n: int = 20, seed: int = 0):
+    """asv_result of `n` samples drawn normal around `center` with deviation `spread`."""
+    import numpy as np
+
+    return asv_result(list(center + spread * np.random.default_rng(seed).standard_normal(n)))
+
+
+def asv_results_folder(root: Path, machine: str, listing: dict,
+                       results: dict[str, dict[str, tuple]]) -> Path:
+    """An asv results folder at `root`: `machine`'s machine.json, `listing` as
+    benchmarks.json, and per commit a result file whose rows are
+    benchmark -> (params, version, started_at), every value 1.0."""
+    (root / machine).mkdir(parents=True)
+    (root / machine / "machine.json").write_text(json.dumps({"machine": machine, "version": 1}))
+    for commit, rows in results.items():
+        (root / machine / f"{commit}-env.json").write_text(json.dumps({
+            "commit_hash": commit, "params": {"machine": machine}, "version": 2,
+            "result_columns": ["result", "params", "version", "started_at"],
+            "results": {name: [[1.0] * len(params[0]), params, version, started]
+                        for name, (params, version, started) in rows.items()}}))
+    (root / "benchmarks.json").write_text(json.dumps({**listing, "version": 2}))
+    return root
