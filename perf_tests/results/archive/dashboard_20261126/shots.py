@@ -1,19 +1,30 @@
 """Screenshots of a published dashboard (.asv/html of the current clone): the grid and the
-pages issue 35 asks for; prints which machines' series have points on each."""
-import sys, pathlib
+pages issue 35 asks for; prints which machines' series have points on each.
+
+    python perf_tests/results/archive/dashboard_20261126/shots.py OUT_DIR
+"""
+import pathlib
+import sys
+
 from kernels.bench import dashboard
 
-out = pathlib.Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
-html = pathlib.Path(".asv/html")
-pages = ["Softmax.time_device", "Softmax.track_gbps", "Softmax.track_roofline",
+PAGES = ["Softmax.time_device", "Softmax.track_gbps", "Softmax.track_roofline",
          "Matmul.time_device", "Matmul.track_tflops", "Matmul.track_roofline",
          "Attention.time_device", "Attention.track_tflops", "Attention.track_roofline"]
-dashboard.render(html, "", out / "grid.png", size=(1400, 1600))
-for page in pages:
-    dom = dashboard.render(html, f"benchmarks.{page}", out / f"{page}.png")
-    facts = dashboard.graph_facts(dom)
-    machines = {}
-    for label, points in facts.series:
-        machines.setdefault(label.split(" · ")[0], 0)
-        machines[label.split(" · ")[0]] += points
-    print(f"{page:28s} drawn={facts.drawn} points per machine: {machines}", flush=True)
+
+
+def main(out: pathlib.Path, html: pathlib.Path = pathlib.Path(".asv/html")) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    dashboard.render(html, "", out / "grid.png", size=(1400, 1600))
+    for page in PAGES:
+        facts = dashboard.graph_facts(dashboard.render(html, f"benchmarks.{page}",
+                                                       out / f"{page}.png"))
+        machines: dict[str, int] = {}
+        for label, points in facts.series:
+            machine = label.split(" · ")[0]
+            machines[machine] = machines.get(machine, 0) + points
+        print(f"{page:28s} drawn={facts.drawn} points per machine: {machines}", flush=True)
+
+
+if __name__ == "__main__":
+    main(pathlib.Path(sys.argv[1]))
