@@ -243,7 +243,9 @@ def run_trial(repo: pathlib.Path, label: str, base: str, head: str, plants: tupl
     try:
         for line in process.stdout:
             output.append(line)
-            if line.startswith(("[", "confirming", "  round", "confirmation", "summary",
+            # asv's steps ("· Creating environments", "· Discovering benchmarks") too: on a
+            # loaded machine each takes several seconds, and a silent run reads as a hang.
+            if line.startswith(("[", "·", "confirming", "  round", "confirmation", "summary",
                                 "smallest", "asv on", "kernels bench")) or "measured" in line:
                 log(f"  {line.rstrip()}")
         returncode = process.wait()
