@@ -591,6 +591,11 @@ def main(argv: list[str] | None = None) -> int:
         minutes = None
         if args.report_only:
             work = SCRATCH / target.name
+            if not work.is_dir():
+                print(f"{target.name}: no run to report ({work} is missing): "
+                      f"`python -m kernels.testing.mutation {target.name}` runs it", flush=True)
+                failed = True
+                continue
         else:
             start = time.monotonic()
             work = _prepare(target)
