@@ -245,7 +245,8 @@ def test_a_round_measures_with_the_commits_kernels_first(tmp_path, monkeypatch):
 
     tree = tmp_path / "trees" / "abc"
     seen = {}
-    monkeypatch.setattr(confirm, "source_tree", lambda commit: tree)
+    trees_of = []
+    monkeypatch.setattr(confirm, "source_tree", lambda commit: trees_of.append(commit) or tree)
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
 
     def ensure_measured(keys, journal, *, python, env):
@@ -253,7 +254,7 @@ def test_a_round_measures_with_the_commits_kernels_first(tmp_path, monkeypatch):
         return {"k": {"event": "done"}}
     monkeypatch.setattr(measuring, "ensure_measured", ensure_measured)
     out = confirm._measure_in_tree("abc", [KEY], tmp_path / "j.jsonl")
-    assert out == {"k": {"event": "done"}}
+    assert out == {"k": {"event": "done"}} and trees_of == ["abc"]  # that commit's files
     assert seen["keys"] == [KEY] and seen["journal"] == tmp_path / "j.jsonl"
     assert seen["python"] == sys.executable
     assert seen["env"]["PYTHONPATH"].split(os.pathsep) == [str(tree.resolve()), "/elsewhere"]
