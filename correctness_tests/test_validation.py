@@ -3,6 +3,7 @@ expected and what came, word for word."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 
 import numpy as np
@@ -133,3 +134,30 @@ def test_check_torch_tensor_names_the_device_of_the_first_argument():
     with pytest.raises(ValueError, match=r"^b: expected device cpu like the first argument, "
                                          r"got meta$"):
         validation.check_torch_tensor("b", torch.zeros(2, device="meta"), "meta", like=first)
+
+
+def test_int_at_least_takes_a_number_at_its_minimum_and_refuses_below():
+    at_least_3 = validation.int_at_least(3)
+    assert at_least_3("3") == 3 and isinstance(at_least_3("4"), int)
+    for text, shown in (("2", "'2'"), ("3.5", "'3.5'"), ("x", "'x'")):
+        with pytest.raises(argparse.ArgumentTypeError) as refused:
+            at_least_3(text)
+        assert str(refused.value) == f"expected an integer >= 3, got {shown}"
+
+
+def test_the_argument_parser_refuses_a_mistake_in_one_line_with_status_2(capsys):
+    parser = validation.ArgumentParser(prog="kernels demo")
+    parser.add_argument("--runs", type=validation.int_at_least(2))
+    with pytest.raises(SystemExit) as refused:
+        parser.parse_args(["--runs", "1"])
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "kernels demo: error: argument --runs: expected an integer >= 2, got '1' "
+        "(--help for usage)")
+
+
+def test_an_unknown_name_refuses_with_its_message_alone():
+    message = "op: expected one of ['softmax'], got 'sofmax'"
+    assert str(validation.UnknownName(message)) == message  # not KeyError's quoted repr
+    assert str(validation.UnknownName()) == ""
+    assert isinstance(validation.UnknownName(message), KeyError)
