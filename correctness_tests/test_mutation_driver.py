@@ -58,3 +58,16 @@ def test_every_target_runs_tests_that_exist():
     for target in mutation.TARGETS:
         files = [arg.split("::")[0] for arg in target.tests if arg.endswith(".py")]
         assert files and all((root / f).exists() for f in files), target.name
+
+
+def test_every_targets_modules_lie_where_mutmut_mutates():
+    """mutmut mutates only under its source paths: gate-measuring's perf_tests/measuring.py
+    was copied as it was, and the target scored nothing (0 files mutated) without failing."""
+    for target in mutation.TARGETS:
+        sources, copied = mutation.mutmut_paths(target)
+        assert all(module.split("/", 1)[0] in sources for module in target.modules), target
+        assert not set(sources) & set(copied)
+    measuring = next(t for t in mutation.TARGETS if t.name == "gate-measuring")
+    assert mutation.mutmut_paths(measuring) == (
+        ["kernels", "perf_tests"], ["correctness_tests", "conftest.py", "asv.conf.json",
+                                    "README.md"])

@@ -305,6 +305,16 @@ SURVIVORS: dict[str, str] = {
        for n in (80, 85, 86, 131, 136, 137)},
 }
 
+COPIED = ("correctness_tests", "perf_tests", "conftest.py", "asv.conf.json", "README.md")
+
+
+def mutmut_paths(target: Target) -> tuple[list[str], list[str]]:
+    """(source paths, paths copied as they are) for mutmut: it mutates only under its source
+    paths, so they are the top folder of every module of the target (perf_tests' too)."""
+    sources = sorted({"kernels", *(module.split("/", 1)[0] for module in target.modules)})
+    return sources, [name for name in COPIED if name not in sources]
+
+
 def _prepare(target: Target) -> pathlib.Path:
     """A scratch copy of the tree with a pyproject.toml that tells mutmut what to do."""
     work = SCRATCH / target.name
@@ -323,11 +333,11 @@ def _prepare(target: Target) -> pathlib.Path:
     (work / "mutants" / f"{WARMUP_MODULE}.py").write_text(warmup)
     (work / "preload.txt").write_text(WARMUP_MODULE + "\n")
     project = (ROOT / "pyproject.toml").read_text()
+    sources, copied = mutmut_paths(target)
     settings = {
-        "source_paths": ["kernels"],
+        "source_paths": sources,
         "only_mutate": list(target.modules),
-        "also_copy": ["correctness_tests", "perf_tests", "conftest.py", "asv.conf.json",
-                      "README.md"],
+        "also_copy": copied,
         # One worker per child: the machine is shared, and each test process imports JAX.
         # unraisableexception: its gc.collect() at exit walks JAX's and torch's heap, most of a
         # second per mutant.
@@ -615,6 +625,11 @@ def main(argv: list[str] | None = None) -> int:
         text = text_survivors(target, work, statuses)
         modules = score(target, statuses, text)
         failed |= any(m.survivors or m.not_run for m in modules)
+        if not modules:  # nothing mutated scores nothing: a target that tests no code
+            print(f"{target.name}: NO MUTANTS of {', '.join(target.modules)} (mutmut mutated "
+                  f"nothing: see its log above)", flush=True)
+            failed = True
+            continue
         # Printed as each target ends: a whole run takes most of an hour.
         print("\n".join(report(target, modules, minutes, args.verbose, text)), flush=True)
     return 1 if failed else 0
