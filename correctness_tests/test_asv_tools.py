@@ -442,3 +442,77 @@ def test_noise_floor_runs_only_the_timed_benchmarks():
     for bench, wanted in ((None, [names[0], names[3]]), ("Softmax", [names[0]]),
                           (r"Softmax\.track_gbps", []), ("Matmul|Softmax", [names[0], names[3]])):
         assert [n for n in names if re.search(floor_regex(bench), n)] == wanted, bench
+
+
+def test_each_row_takes_its_own_suites_device_time_and_says_so():
+    """Two operations with the same parameters: each derived row takes its own suite's time
+    gap (a suite read as 'benchmarks' would share one), and its reason names device time."""
+    params = ("'xla'", "'c'", "'fwd'")
+    noisy, quiet = "benchmarks.Noisy", "benchmarks.Quiet"
+    base = {(f"{noisy}.time_device", params): fakes.asv_timed(1e-3, 3e-4, n=7),
+            (f"{quiet}.time_device", params): fakes.asv_timed(1e-3, 1e-7),
+            (f"{noisy}.track_gbps", params): _tracked(100.0),
+            (f"{quiet}.track_gbps", params): _tracked(100.0)}
+    head = {**base, (f"{noisy}.time_device", params): fakes.asv_timed(1e-3, 3e-4, n=7, seed=1),
+            (f"{quiet}.track_gbps", params): _tracked(90.0)}
+    rows = {row.benchmark: row for row in asv_tools.compare(base, head)}
+    assert rows[f"{noisy}.track_gbps"].gap == rows[f"{noisy}.time_device"].gap > 0.25
+    assert rows[f"{noisy}.track_gbps"].why.startswith("device time's: sample spread")
+    assert rows[f"{quiet}.track_gbps"].gap == asv_tools.DEFAULT_MIN_GAP
+    assert rows[f"{quiet}.track_gbps"].verdict == "worse (no samples)"
+
+
+def test_only_the_launch_cost_takes_the_host_gap():
+    """Memory is judged at the plain gap: a 10% rise is worse, not within host noise; a
+    launch cost under the plain gap is plain 'same (no samples)'."""
+    params = ("'xla'",)
+    memory, launch = "benchmarks.S.track_peak_memory", "benchmarks.S.track_launch"
+    base = {(memory, params): _tracked(100.0), (launch, params): _tracked(10.0)}
+    head = {(memory, params): _tracked(110.0), (launch, params): _tracked(10.05)}
+    rows = {row.benchmark: row for row in asv_tools.compare(base, head)}
+    assert (rows[memory].verdict, rows[memory].gap) == ("worse (no samples)",
+                                                        asv_tools.DEFAULT_MIN_GAP)
+    assert rows[launch].verdict == "same (no samples)"
+    assert rows[launch].gap == asv_tools.HOST_GAP and "host clock" in rows[launch].why
+
+
+def test_a_speedups_gap_adds_the_widest_other_implementation_not_its_own_twice():
+    case = ("'c'", "'fwd'")
+    ours, quiet, noisy = (("'" + name + "'", *case) for name in ("ours", "quiet", "noisy"))
+    speedup = "benchmarks.Softmax.track_speedup"
+    times = {ours: (1e-3, 6e-5), quiet: (1e-3, 1e-7), noisy: (1e-3, 3e-5)}
+    base = {(TIME, p): fakes.asv_timed(c, s, n=30) for p, (c, s) in times.items()}
+    head = {(TIME, p): fakes.asv_timed(c, s, n=30, seed=1) for p, (c, s) in times.items()}
+    base[(speedup, ours)], head[(speedup, ours)] = _tracked(1.0), _tracked(1.0)
+    rows = {(row.benchmark, row.params): row for row in asv_tools.compare(base, head)}
+    own, widest = rows[(TIME, ours)].gap, rows[(TIME, noisy)].gap
+    assert own > widest > rows[(TIME, quiet)].gap  # ours is the noisiest of the three
+    assert rows[(speedup, ours)].gap == pytest.approx(own + widest)
+    assert rows[(speedup, ours)].why == (f"device time's: {rows[(TIME, ours)].why} plus the "
+                                         f"baselines' {widest:.1%}")
+    alone = asv_tools._with_baselines(asv_tools.Threshold(0.01), "benchmarks.S", ours, {})
+    assert alone == asv_tools.Threshold(0.01)  # no other implementation timed: its own gap
+    quiet_own = asv_tools._with_baselines(asv_tools.Threshold(0.01), "benchmarks.S", ours,
+                                          {("benchmarks.S", noisy): asv_tools.Threshold(0.02)})
+    assert quiet_own == asv_tools.Threshold(0.03, "its own 1.0% plus the baselines' 2.0%")
+
+
+def test_the_samples_gap_reads_both_sides_and_names_a_launch_bound_kernel():
+    wide, tight = fakes.asv_timed(1e-3, 3e-4, n=7), fakes.asv_timed(1e-3, 1e-7, n=7, seed=1)
+    assert asv_tools.threshold(TIME, wide, tight).why == asv_tools.threshold(TIME, tight,
+                                                                             wide).why
+    spread = asv_tools.threshold(TIME, wide, tight).why
+    assert spread.startswith("sample spread ") and spread != "sample spread 0.0%"
+    short = asv_tools.threshold(TIME, fakes.asv_timed(5e-6, 2e-6, n=7),
+                                fakes.asv_timed(8e-6, 2e-6, n=7, seed=1))
+    assert short.why.endswith(" us kernel (launch-bound)")
+    assert float(short.why.split(", a ")[1].split()[0]) < 6.0  # the shorter side's median
+    assert ", a " not in spread  # a 1 ms kernel is not launch-bound
+
+
+def test_runs_measured_once_learn_no_floor_and_the_since_boundaries_count_the_run():
+    key = (TIME, ("'xla'",))
+    assert asv_tools.floors_from_runs([{key: fakes.asv_timed(1e-3, 1e-6)}]) == {}
+    stamped = asv_tools.Result(1.0, None, None, started_at=1000)
+    assert asv_tools.measured_since({key: stamped}, 1000) == {key: stamped}  # at the start
+    assert asv_tools.earlier_runs_only({key: stamped}, {}, since_ms=1000) == set()

@@ -276,6 +276,24 @@ EQUIVALENT: dict[str, str] = {
         "at an end",
     **{f"kernels.bench.confirm.x__print__mutmut_{n}":
        "print's flush: when a line reaches a pipe, not what it says" for n in (2, 4, 5)},
+    **{f"kernels.bench.asv_tools.x_compare__mutmut_{n}":
+       "sorted by name alone: each suite's time_ rows still come before its track_ rows "
+       "('time_' < 'track_'), so a derived row finds its time gap either way" for n in (4, 6)},
+    **{f"kernels.bench.asv_tools.x_compare__mutmut_{n}":
+       ">= for > at equal gaps: the same gap either way, a tie in which reason is shown"
+       for n in (75, 85)},
+    "kernels.bench.asv_tools.x_threshold__mutmut_25":
+        ">= for > at a floor equal to the noise: the same gap, a tie in which reason is shown",
+    **{f"kernels.bench.asv_tools.x_verdict__mutmut_{n}":
+       "a boundary at ratio 1, which a row past its gap never has" for n in (105, 115, 117)},
+    "kernels.bench.asv_tools.x_verdict__mutmut_50":
+        ">= for >: at a gap equal to min_gap, 'changed' is beyond(min_gap), so the branch "
+        "(not changed, yet beyond min_gap) cannot be taken either way",
+    "kernels.bench.asv_tools.x_verdict__mutmut_54":
+        "'' or 'XXXX' for a missing reason: neither holds 'learned' nor starts with 'host', "
+        "so the verdict is the same",
+    "kernels.bench.asv_tools.x_floor_key__mutmut_3":
+        "the separator inside a floor's key: floor_key writes and reads it alike",
     **{f"kernels.bench.confirm.x_source_tree__mutmut_{n}":
        "git archive's check and tar's back each other up: with either off, a failed archive "
        "still raises CalledProcessError (tar refuses the empty input; git fails before tar)"
