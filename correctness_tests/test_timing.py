@@ -5,6 +5,7 @@ samples it reports."""
 from __future__ import annotations
 
 import itertools
+import math
 import time
 
 import numpy as np
@@ -307,3 +308,25 @@ def test_stopping_rule_defaults_are_the_documented_ones(monkeypatch):
         (0.005, 20, 0.02, 10_000)
     assert timing.default_rule(fakes.gpu_fingerprint(50 << 20)).time_budget_s == 3.0
     assert timing.LAUNCH_CALLS == 20
+
+
+def test_robust_cv_is_1_4826_mads_over_the_median_and_inf_where_undefined():
+    assert timing.robust_cv([]) == timing.robust_cv([5.0]) == math.inf
+    assert timing.robust_cv([0.0, 0.0, 0.0]) == timing.robust_cv([-1.0, 1.0]) == math.inf
+    assert timing.robust_cv([0.5, 0.5]) == 0.0  # a median under 1 is a median
+    assert timing.robust_cv([1.0, 2.0]) == pytest.approx(1.4826 * 0.5 / 1.5)  # two suffice
+    assert timing.robust_cv([1.0, 2.0, 3.0]) == pytest.approx(1.4826 * 1.0 / 2.0)
+    assert timing.robust_cv([10.0, 11.0, 12.0, 1000.0]) == pytest.approx(1.4826 * 1.0 / 11.5)
+
+
+def test_the_medians_halfwidth_is_z_standard_errors_and_shrinks_as_the_root_of_n():
+    def expected(samples, z=timing.Z99):
+        return z * timing.MEDIAN_SE_FACTOR * timing.robust_cv(samples) / math.sqrt(len(samples))
+
+    assert timing.median_halfwidth([1.0]) == math.inf
+    for samples in ([1.0, 2.0], [1.0, 2.0, 3.0], [1.0, 2.0, 3.0] * 4):
+        assert timing.median_halfwidth(samples) == pytest.approx(expected(samples))
+    assert timing.median_halfwidth([1.0, 2.0, 3.0], z=1.0) == pytest.approx(
+        expected([1.0, 2.0, 3.0], z=1.0))
+    assert timing.median_halfwidth([1.0, 2.0, 3.0] * 4) == pytest.approx(
+        timing.median_halfwidth([1.0, 2.0, 3.0]) / 2)  # 4x the samples, half the width
