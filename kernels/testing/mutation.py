@@ -94,8 +94,12 @@ TARGETS = (
     Target(name="checking", modules=("kernels/core/checking.py",),
            tests=("correctness_tests/test_harness.py", "correctness_tests/test_tolerances.py",
                   "correctness_tests/test_compare.py", "-k", "not through_the_harness")),
+    # The device-span clock's trace splitting and the gate's stopping statistics are timing.py
+    # too: their own test files belong to it (the measuring worker's real run excepted).
     Target(name="timing", modules=("kernels/core/timing.py",),
-           tests=("correctness_tests/test_timing.py", "correctness_tests/test_measurement.py")),
+           tests=("correctness_tests/test_timing.py", "correctness_tests/test_measurement.py",
+                  "correctness_tests/test_device_clock.py", "correctness_tests/test_measuring.py",
+                  "-k", "not real_worker")),
     Target(name="roofline", modules=("kernels/roofline/model.py", "kernels/roofline/floors.py",
                                      "kernels/roofline/ceilings.py"),
            tests=("correctness_tests/test_roofline_model.py",
