@@ -60,8 +60,8 @@ def test_a_torch_plant_runs_the_kernel_again_on_the_leading_rows(monkeypatch):
 
 
 def test_plants_land_in_the_kernels_own_module():
-    assert str(gate.module_path("softmax", "cuda")) == "kernels/ops/softmax/cuda.py"
-    assert str(gate.module_path("softmax", "pallas")) == "kernels/ops/softmax/pallas.py"
+    assert str(registry.module_path("softmax", "cuda")) == "kernels/ops/softmax/cuda.py"
+    assert str(registry.module_path("softmax", "pallas")) == "kernels/ops/softmax/pallas.py"
 
 
 def _row(ratio, verdict, gap=0.01):

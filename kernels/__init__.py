@@ -32,11 +32,10 @@ __version__ = "0.1.0"
 MOVED = {
     **{name: f"core.{name}" for name in (
         "registry", "checking", "frameworks", "timing", "fingerprint", "validation", "devices",
-        "compat", "environment", "dtypes", "phases", "tuning", "compilation_cache")},
+        "compat", "environment", "dtypes", "phases", "tuning", "compilation_cache", "vcs")},
     **{name: f"guards.{name}" for name in ("hlo", "recompilation", "memory")},
     **{name: f"bench.{name}" for name in (
-        "asv_plugin", "asv_tools", "gate", "history", "dashboard", "find_planted", "perfcheck",
-        "vcs")},
+        "asv_plugin", "asv_tools", "gate", "history", "dashboard", "find_planted", "perfcheck")},
     **{name: f"profile.{name}" for name in (
         "profiling", "bottleneck", "crosscheck", "triton_aot", "gpu_sweep")},
     "cuda.bench": "profile.cuda_bench",

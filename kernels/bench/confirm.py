@@ -60,8 +60,7 @@ def class_names() -> dict[str, str]:
     operation: softmax -> Softmax, row_sum -> RowSum)."""
     from kernels.core import registry
 
-    return {"".join(part.title() for part in op.name.split("_")): op.name
-            for op in registry.operations()}
+    return {registry.benchmark_class(op.name): op.name for op in registry.operations()}
 
 
 def key_of(benchmark: str, params: Sequence[str], ops: dict[str, str]):

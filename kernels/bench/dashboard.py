@@ -55,7 +55,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from kernels.bench import vcs
+from kernels.core import vcs
 
 ROOT = Path(__file__).resolve().parents[2]
 # Results kept in the repository (recorded on GPU machines), and this machine's asv results.

@@ -35,7 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from kernels.bench import asv_tools, dashboard, vcs
+from kernels.bench import asv_tools, dashboard
+from kernels.core import vcs
 
 ROOT = Path(__file__).resolve().parents[2]
 

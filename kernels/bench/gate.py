@@ -42,8 +42,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 
-from kernels.bench import vcs
-from kernels.core import validation
+from kernels.core import registry, validation, vcs
 
 FAMILIES = ("pallas", "triton", "cuda", "xla")
 
@@ -155,14 +154,6 @@ def plant_source(op: str, impl: str, fraction: float, framework: str) -> str:
         "_kernelperf_planted_slowdown()\n")
 
 
-def module_path(op: str, impl: str) -> pathlib.Path:
-    """The file (relative to the repository) that registers `impl` of `op`."""
-    from kernels.core import registry
-
-    module = registry.implementation(op, impl).fn.__module__
-    return pathlib.Path(*module.split(".")).with_suffix(".py")
-
-
 def _commit(repo: pathlib.Path, message: str, edits: dict[pathlib.Path, str]) -> str:
     """Append each text to its file on a new commit on top of `main`; returns the hash."""
     vcs.output(repo, "checkout", "-q", "-B", "head", "main")
@@ -192,10 +183,6 @@ class Outcome:
     label: str
     exit: int
     rows: dict[tuple[str, str], RowVerdict]  # (operation, implementation) -> verdict
-
-
-def _benchmark_class(op: str) -> str:
-    return "".join(part.title() for part in op.split("_"))
 
 
 def _environment(plants: tuple[Plant, ...], platform: str) -> dict[str, str]:
@@ -229,7 +216,7 @@ def run_trial(repo: pathlib.Path, label: str, base: str, head: str, plants: tupl
     from kernels.bench import asv_tools
 
     rows_file = repo / ".asv" / f"gate-{re.sub(r'[^A-Za-z0-9.-]+', '_', label)}.json"
-    regex = "|".join(sorted({_benchmark_class(plant.op) for plant in plants}))
+    regex = "|".join(sorted({registry.benchmark_class(plant.op) for plant in plants}))
     command = [os.path.abspath(sys.executable), "-m", "kernels", "bench", "--base", base,
                "--head", head,
                "--bench", f"({regex})\\.time_device", "--json", str(rows_file),
@@ -258,7 +245,7 @@ def run_trial(repo: pathlib.Path, label: str, base: str, head: str, plants: tupl
     results_dir = str(repo / ".asv" / "results")
     base_results = asv_tools.load(results_dir, machine, base)
     head_results = asv_tools.load(results_dir, machine, head)
-    names = {_benchmark_class(op): op for op in OPS}
+    names = {registry.benchmark_class(op): op for op in OPS}
     by_row = {}
     for row in json.loads(rows_file.read_text()):
         if not row["benchmark"].endswith(".time_device"):
@@ -285,7 +272,7 @@ def main_flow(settings: Settings, *, keep: bool = False,
     """Clone, plant, run, print the tables; exit 1 if a plant was missed, an A/A trial was
     flagged or the speed-up read as a regression."""
     from kernels.bench import asv_tools
-    from kernels.core import devices, registry
+    from kernels.core import devices
 
     platform = "gpu" if devices.this_machine().has_gpu else "cpu"
     plants = []
@@ -310,10 +297,7 @@ def main_flow(settings: Settings, *, keep: bool = False,
     log(f"gate-power: scratch clone {scratch} of {head[:8]}; machine {machine}; "
         f"{len(plants)} plants: " + ", ".join(f"{p.op}-{p.impl} {p.case[platform]}"
                                                for p in plants))
-    vcs.output(scratch, "clone", "-q", str(source), ".")
-    vcs.output(scratch, "checkout", "-q", "-B", "main", head)
-    vcs.output(scratch, "config", "user.email", "gate-power@kernelperf")
-    vcs.output(scratch, "config", "user.name", "kernelperf gate-power")
+    vcs.scratch_clone(source, head, scratch, "gate-power")
     outcomes: list[tuple[str, float, Outcome]] = []  # (kind, size, outcome)
     # Interrupted (Ctrl-C, or a TERM from a time limit): report the trials done so far.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -329,7 +313,7 @@ def main_flow(settings: Settings, *, keep: bool = False,
                 edits: dict[pathlib.Path, str] = {}
                 for plant in plants:
                     implementation = registry.implementation(plant.op, plant.impl)
-                    path = module_path(plant.op, plant.impl)
+                    path = registry.module_path(plant.op, plant.impl)
                     edits[path] = edits.get(path, "") + plant_source(
                         plant.op, plant.impl, min(1.0, size * plant.scale),
                         implementation.framework)

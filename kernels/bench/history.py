@@ -38,7 +38,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kernels.bench import vcs
+from kernels.core import vcs
 
 RESULTS_BRANCH = "asv-results"
 PAGES_BRANCH = "gh-pages"

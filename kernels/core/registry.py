@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
+import pathlib
 import pkgutil
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -314,6 +315,20 @@ def load() -> None:
 def operations() -> list[Operation]:
     load()
     return list(_OPERATIONS.values())
+
+
+def benchmark_class(op_name: str) -> str:
+    """The name perf_tests/benchmarks.py gives the asv class of operation `op_name`:
+    softmax -> Softmax, row_sum -> RowSum (the benchmarks spell it out themselves: they run
+    against every commit's kernels)."""
+    return "".join(part.title() for part in op_name.split("_"))
+
+
+def module_path(op: str, impl: str) -> pathlib.Path:
+    """The file, relative to the repository, that registers `impl` of `op` (where the
+    planting tools append their slowdowns and faults)."""
+    module = implementation(op, impl).fn.__module__
+    return pathlib.Path(*module.split(".")).with_suffix(".py")
 
 
 def check_direction(direction: str) -> None:

@@ -39,7 +39,7 @@ import time
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
 
-from kernels.core import validation
+from kernels.core import registry, validation, vcs
 from kernels.core.tables import table
 from kernels.testing import faults
 
@@ -253,37 +253,16 @@ def journal_failures(clone: pathlib.Path, commit: str) -> dict[str, str]:
     return reasons
 
 
-def _benchmark_class() -> str:
-    return "".join(part.title() for part in OP.split("_"))
-
-
 # -- the drill ------------------------------------------------------------------------------
-
-def _git(cwd: pathlib.Path, *args: str) -> str:
-    done = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL)
-    if done.returncode:
-        raise RuntimeError(f"git {' '.join(args)} (in {cwd}) failed ({done.returncode}): "
-                           f"{done.stderr.strip() or done.stdout.strip()}")
-    return done.stdout.strip()
-
-
-def module_path(op: str, impl: str) -> pathlib.Path:
-    """The file (relative to the repository) that registers `impl` of `op`."""
-    from kernels.core import registry
-
-    module = registry.implementation(op, impl).fn.__module__
-    return pathlib.Path(*module.split(".")).with_suffix(".py")
-
 
 def _plant(clone: pathlib.Path, name: str) -> str:
     """Commit fault `name` on a branch from main in `clone`; returns the commit."""
     op, impl = faults.fault(name).target
-    _git(clone, "checkout", "-q", "-B", f"fault-{name}", "main")
-    with open(clone / module_path(op, impl), "a") as module:
+    vcs.output(clone, "checkout", "-q", "-B", f"fault-{name}", "main")
+    with open(clone / registry.module_path(op, impl), "a") as module:
         module.write(faults.plant_source(name, op, impl))
-    _git(clone, "commit", "-q", "-a", "-m", f"fault drill: {name} in {op}-{impl}")
-    return _git(clone, "rev-parse", "HEAD")
+    vcs.output(clone, "commit", "-q", "-a", "-m", f"fault drill: {name} in {op}-{impl}")
+    return vcs.output(clone, "rev-parse", "HEAD")
 
 
 def _environment(clone: pathlib.Path) -> dict[str, str]:
@@ -326,9 +305,9 @@ def run_asv(clone: pathlib.Path, name: str, commit: str, settings: Settings,
                KERNELPERF_BENCH_CASES=BENCH_CASE[settings.platform],
                KERNELPERF_BENCH_DIRECTIONS="fwd",
                KERNELPERF_ITEM_LIMIT_S=f"{settings.item_limit:g}")
-    benchmark = f"benchmarks.{_benchmark_class()}.time_device"
+    benchmark = f"benchmarks.{registry.benchmark_class(OP)}.time_device"
     command = [PYTHON, "-m", "asv", "run", "--show-stderr", "--bench",
-               f"{_benchmark_class()}\\.time_device", f"{commit}^!"]
+               f"{registry.benchmark_class(OP)}\\.time_device", f"{commit}^!"]
     code, wall = _run(command, clone, env, settings.run_limit_s, out / f"{name}-asv.log",
                       "asv", log)
     values = asv_values(clone / ".asv" / "results", commit, benchmark)
@@ -356,19 +335,16 @@ def main_flow(settings: Settings, *, source: pathlib.Path | None = None, keep: b
               log: Callable[[str], None] = _print) -> int:
     """Clone, plant each fault, run the tools, print the table; exit 1 if a fault was not
     contained (the --no-isolation rows are for comparison and never fail the drill)."""
-    source = source or pathlib.Path(_git(pathlib.Path.cwd(), "rev-parse", "--show-toplevel"))
-    head = _git(source, "rev-parse", "HEAD")
+    source = source or pathlib.Path(vcs.output(pathlib.Path.cwd(), "rev-parse", "--show-toplevel"))
+    head = vcs.output(source, "rev-parse", "HEAD")
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="kernelperf-drill-"))
     out = scratch / "drill-logs"
     clone = scratch / "clone"
     log(f"fault-drill: scratch clone {clone} of {head[:8]} ({settings.platform}); faults: "
         f"{', '.join(settings.chosen_faults)}; tools: {', '.join(settings.tools)}; "
         f"{settings.workers} workers, {settings.item_limit:g} s per item")
-    _git(scratch, "clone", "-q", str(source), str(clone))
+    vcs.scratch_clone(source, head, clone, "fault-drill")
     out.mkdir()
-    _git(clone, "checkout", "-q", "-B", "main", head)
-    _git(clone, "config", "user.email", "fault-drill@kernelperf")
-    _git(clone, "config", "user.name", "kernelperf fault-drill")
     rows: list[Row] = []
     # A TERM (a time limit around the drill) reports what ran and kills the run in flight.
     previous = signal.signal(signal.SIGTERM, _interrupt)

@@ -246,13 +246,16 @@ def _kernel_param(item: pytest.Item):
     return params.get("kernel_item"), params.get("bad_input_item")
 
 
+def _kernel_label(impl_id: str, case_id: str, distribution: str) -> str:
+    return f"{impl_id} {case_id} ({distribution} inputs)"
+
+
 def describe_item(item: pytest.Item) -> str:
     """'softmax-cuda f32-37x128 (normal inputs)' for a kernel item, the implementation and
     the bad input for a bad-input item, else the test's name."""
     kernel_item, bad_input = _kernel_param(item)
     if kernel_item is not None:
-        return (f"{kernel_item.impl.id} {kernel_item.case.id} "
-                f"({kernel_item.distribution} inputs)")
+        return _kernel_label(kernel_item.impl.id, kernel_item.case.id, kernel_item.distribution)
     if bad_input is not None:
         impl, bad = bad_input
         return f"{impl.id} given {bad.label}"
@@ -626,7 +629,7 @@ class _Controller:
                     for case in op.cases:
                         for distribution in op.distributions:
                             self._labels[f"{impl.id}-{case.id}-{distribution}"] = \
-                                f"{impl.id} {case.id} ({distribution} inputs)"
+                                _kernel_label(impl.id, case.id, distribution)
         param = nodeid[nodeid.rfind("[") + 1:-1] if nodeid.endswith("]") else ""
         return self._labels.get(param) or nodeid.rsplit("::", 1)[-1]
 
