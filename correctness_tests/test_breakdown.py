@@ -10,6 +10,7 @@ import time
 import pytest
 
 from kernels.bench import breakdown
+from kernels.core import journals
 
 WORKER = {"event": "worker", "process_s": 1.5, "backend_s": 2.5}
 
@@ -44,17 +45,17 @@ def test_the_rest_of_the_wall_time_is_asvs_own_work():
 
 
 def test_only_the_journals_written_since_the_run_began_count(tmp_path: pathlib.Path):
-    folder = tmp_path / "env" / "abc" / breakdown.MEASUREMENTS / "c0ffee-1"
+    folder = tmp_path / "env" / "abc" / journals.MEASUREMENTS / "c0ffee-1"
     folder.mkdir(parents=True)
     old, new = folder / "old.jsonl", folder / "new.jsonl"
     for path in (old, new):
         path.write_text(json.dumps(WORKER) + "\n" + json.dumps(_done("k", 5, compile=1.0))
                         + '\n{"event": "done", "key": "cut sh')  # a line a killed writer left
     os.utime(old, (1000, 1000))
-    found = breakdown.journals(tmp_path / "env", since=2000)
+    found = journals.written_since(tmp_path / "env", since=2000)
     assert found == [new]
     assert breakdown.read(found).measured == 1
-    assert [e["event"] for e in breakdown.entries(new)] == ["worker", "done"]
+    assert [e["event"] for e in journals.entries(new)] == ["worker", "done"]
 
 
 def _lines(text: str) -> dict[str, list[str]]:
@@ -138,39 +139,39 @@ def test_a_line_cut_short_mid_journal_costs_only_that_line(tmp_path: pathlib.Pat
     path = tmp_path / "j.jsonl"
     path.write_text(json.dumps(WORKER) + '\n{"event": "done", "key": "cut sh\n'
                     + json.dumps(WORKER) + "\n" + json.dumps(_done("k", 5)) + "\n")
-    assert [e["event"] for e in breakdown.entries(path)] == ["worker", "worker", "done"]
+    assert [e["event"] for e in journals.entries(path)] == ["worker", "worker", "done"]
 
 
 def test_a_journal_written_the_instant_the_run_began_counts(tmp_path: pathlib.Path):
-    folder = tmp_path / "abc" / breakdown.MEASUREMENTS / "c0ffee-1"
+    folder = tmp_path / "abc" / journals.MEASUREMENTS / "c0ffee-1"
     folder.mkdir(parents=True)
     path = folder / "j.jsonl"
     path.write_text(json.dumps(WORKER) + "\n")
     os.utime(path, (2000, 2000))
-    assert breakdown.journals(tmp_path, since=2000) == [path]
+    assert journals.written_since(tmp_path, since=2000) == [path]
 
 
 def test_the_environments_folder_is_the_one_asv_conf_names(tmp_path, monkeypatch):
-    project = breakdown.env_dir(pathlib.Path(__file__).resolve().parents[1] / "asv.conf.json")
+    project = journals.env_dir(pathlib.Path(__file__).resolve().parents[1] / "asv.conf.json")
     config = tmp_path / "asv.conf.json"
     config.write_text(json.dumps({"env_dir": "elsewhere/env"}))
-    assert breakdown.env_dir(config) == pathlib.Path("elsewhere/env")
+    assert journals.env_dir(config) == pathlib.Path("elsewhere/env")
     # no env_dir, no config, or one asv could not read: the project's own folder
     config.write_text(json.dumps({"version": 1}))
-    assert breakdown.env_dir(config) == project
-    assert breakdown.env_dir(tmp_path / "missing.json") == project
+    assert journals.env_dir(config) == project
+    assert journals.env_dir(tmp_path / "missing.json") == project
     config.write_text("{not json")
-    assert breakdown.env_dir(config) == project
+    assert journals.env_dir(config) == project
     monkeypatch.chdir(tmp_path)
     config.write_text(json.dumps({"env_dir": "elsewhere/env"}))
-    assert breakdown.env_dir() == pathlib.Path("elsewhere/env")  # the current folder's
+    assert journals.env_dir() == pathlib.Path("elsewhere/env")  # the current folder's
 
 
 def test_the_report_reads_the_journals_of_the_current_folders_asv(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "asv.conf.json").write_text(json.dumps({"env_dir": "envs"}))
     assert breakdown.report(since=0, wall_s=30.0) is None  # nothing measured: nothing said
-    folder = tmp_path / "envs" / "abc" / breakdown.MEASUREMENTS / "c0ffee-1"
+    folder = tmp_path / "envs" / "abc" / journals.MEASUREMENTS / "c0ffee-1"
     folder.mkdir(parents=True)
     (folder / "j.jsonl").write_text(json.dumps(WORKER) + "\n"
                                     + json.dumps(_done("k", 5, compile=6.0)) + "\n")

@@ -11,11 +11,11 @@ it when plain `asv run` / `asv continuous` exit.
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 import statistics
 from collections.abc import Iterable
 
+from kernels.core import journals
 from kernels.core.tables import table
 
 # Phases in the order a parameter set passes through them (measuring.py's names).
@@ -24,7 +24,6 @@ LABELS = {"process": "worker process start (imports)", "backend": "backend start
           "inputs": "inputs (made once per case)", "compile": "compile and first call",
           "warmup": "warm-up", "sampling": "sampling", "memory": "compiled peak memory",
           "launch": "host launch cost (dashboard)"}
-MEASUREMENTS = "kernelperf-measurements"
 # Set by `python -m kernels bench`, which prints one breakdown over all its asv runs: the asv
 # plugin then prints none per run.
 QUIET_VARIABLE = "KERNELPERF_NO_BREAKDOWN"
@@ -81,42 +80,17 @@ class Breakdown:
         return head + "\n" + table(rows, ["phase", "seconds", "share"])
 
 
-def journals(env_dir: pathlib.Path, since: float) -> list[pathlib.Path]:
-    """The measuring journals asv's benchmarks wrote under `env_dir` since `since` (epoch s)."""
-    found = env_dir.glob(f"*/{MEASUREMENTS}/*/*.jsonl")
-    return sorted(path for path in found if path.stat().st_mtime >= since)
-
-
-def entries(path: pathlib.Path) -> list[dict]:
-    """The lines of one journal (a line cut short by a killed writer is skipped)."""
-    found = []
-    for line in path.read_text().splitlines():
-        try:
-            found.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return found
-
-
 def read(paths: Iterable[pathlib.Path]) -> Breakdown:
     """The breakdown of some journals."""
     breakdown = Breakdown()
     for path in paths:
-        breakdown.add(entries(path))
+        breakdown.add(journals.entries(path))
     return breakdown
-
-
-def env_dir(config: pathlib.Path = pathlib.Path("asv.conf.json")) -> pathlib.Path:
-    """asv's environment folder, from the configuration in the current folder."""
-    try:
-        return pathlib.Path(json.loads(config.read_text()).get("env_dir", ".asv/env"))
-    except (OSError, json.JSONDecodeError):
-        return pathlib.Path(".asv/env")
 
 
 def report(since: float, wall_s: float) -> str | None:
     """The breakdown of the benchmark journals written since `since`, or None if none were."""
-    paths = journals(env_dir(), since)
+    paths = journals.written_since(journals.env_dir(), since)
     if not paths:
         return None
     return read(paths).render(wall_s)

@@ -28,8 +28,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from kernels.bench import breakdown
-from kernels.core import environment
+from kernels.core import environment, journals
 
 JOURNAL_VARIABLE = "KERNELPERF_JOURNAL_DIR"  # perf_tests/benchmarks.py reads records there only
 
@@ -123,7 +122,7 @@ def _recover(journal_dir: pathlib.Path, results_dir: pathlib.Path, benchmarks_js
     from asv import runner as asv_runner
 
     entries = [entry for path in sorted(journal_dir.glob("*.jsonl"))
-               for entry in breakdown.entries(path)]
+               for entry in journals.entries(path)]
     dashboard = any(entry.get("launch_us") is not None for entry in entries
                     if entry.get("event") == "done")
     measured_ops = {entry["key"].split("/")[0] for entry in entries if "key" in entry}
@@ -175,7 +174,7 @@ def interrupted_runs(results_dir: pathlib.Path, machine: str) -> list[tuple[path
 
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     newest: dict[str, pathlib.Path] = {}
-    for folder in sorted(breakdown.env_dir().glob(f"*/{breakdown.MEASUREMENTS}/*"),
+    for folder in sorted(journals.env_dir().glob(f"*/{journals.MEASUREMENTS}/*"),
                          key=lambda p: p.stat().st_mtime):
         commit = _commit(folder.name.split("-")[0])
         if commit is None:

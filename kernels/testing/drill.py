@@ -39,7 +39,7 @@ import time
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
 
-from kernels.core import registry, validation, vcs
+from kernels.core import journals, registry, validation, vcs
 from kernels.core.tables import table
 from kernels.testing import faults
 
@@ -241,13 +241,9 @@ def asv_values(results_dir: pathlib.Path, commit: str, benchmark: str) -> dict[s
 def journal_failures(clone: pathlib.Path, commit: str) -> dict[str, str]:
     """implementation -> the reason measuring.py's supervisor recorded for its failure."""
     reasons: dict[str, str] = {}
-    pattern = f".asv/env/*/kernelperf-measurements/{commit[:12]}-*/{OP}.jsonl"
-    for path in clone.glob(pattern):
-        for line in path.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:
-                continue
+    env = clone / journals.env_dir(clone / "asv.conf.json")
+    for path in env.glob(f"*/{journals.MEASUREMENTS}/{commit[:12]}-*/{OP}.jsonl"):
+        for entry in journals.entries(path):
             if entry.get("event") == "failed":
                 reasons.setdefault(entry["key"].split("/")[1], entry.get("reason", ""))
     return reasons

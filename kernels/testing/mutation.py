@@ -143,7 +143,8 @@ TARGETS = (
     Target(name="gate-measuring", modules=("perf_tests/measuring.py",),
            tests=("correctness_tests/test_measuring.py", "-k", "not real_worker"),
            isolation="fork"),
-    Target(name="gate-breakdown", modules=("kernels/bench/breakdown.py",),
+    Target(name="gate-breakdown", modules=("kernels/bench/breakdown.py",
+                                           "kernels/core/journals.py"),
            tests=("correctness_tests/test_breakdown.py",), isolation="fork"),
 )
 
