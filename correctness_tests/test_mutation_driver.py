@@ -71,3 +71,13 @@ def test_every_targets_modules_lie_where_mutmut_mutates():
     assert mutation.mutmut_paths(measuring) == (
         ["kernels", "perf_tests"], ["correctness_tests", "conftest.py", "asv.conf.json",
                                     "README.md"])
+
+
+def test_a_target_that_mutated_nothing_fails_saying_so(monkeypatch, capsys):
+    """A target whose modules mutmut never mutated scored nothing and used to pass."""
+    monkeypatch.setattr(mutation, "check_warmup", lambda: None)
+    monkeypatch.setattr(mutation, "_prepare", lambda target: mutation.SCRATCH / target.name)
+    monkeypatch.setattr(mutation, "_mutmut", lambda *args, **kwargs: None)
+    monkeypatch.setattr(mutation, "results", lambda work: {})
+    assert mutation.main(["gate-breakdown"]) == 1
+    assert "gate-breakdown: NO MUTANTS of kernels/bench/breakdown.py" in capsys.readouterr().out
