@@ -170,11 +170,16 @@ class FakeDevices:
         self.log: list[timing.DeviceEvent] = []
         self.per_call, self.record = per_call, record
         self.sessions = 0
+        self.pauses: list[float] = []
 
     def call(self):
         self.log += self.per_call(self.now) if self.record else []
         self.now += 400.0
         return None
+
+    def sleep(self, seconds: float) -> None:  # the host's pause passes on the simulated clock
+        self.pauses.append(seconds)
+        self.now += seconds * 1e6
 
     def start_session(self):
         self.sessions += 1
@@ -226,6 +231,43 @@ def test_sampler_propagates_a_trace_it_cannot_split():
     sampler = timing._DeviceSpanSampler(fake.call, None, lambda _: None, fake.start_session)
     with pytest.raises(timing.TraceSplitError, match="same number of device events"):
         sampler.take(6)
+
+
+def late_peer(t0: float, idle_us: float = 150.0) -> list[timing.DeviceEvent]:
+    """A call whose second device starts `idle_us` after the first one's kernel ended: an idle
+    gap inside the call longer than the 400 - (150 + idle_us) us between calls of
+    FakeDevices."""
+    return [event(0, t0, t0 + 100), event(1, t0 + 100 + idle_us, t0 + 150 + idle_us)]
+
+
+def test_sampler_pauses_longer_than_the_widest_gap_inside_a_call():
+    fake = FakeDevices(per_call=late_peer)
+    with pytest.raises(timing.TraceSplitError):  # calls back to back: a cut inside a call
+        timing.split_calls(late_peer(0) + late_peer(400) + late_peer(800), 3)
+    sampler = timing._DeviceSpanSampler(fake.call, None, lambda _: None, fake.start_session,
+                                        sleep=fake.sleep)
+    assert fake.pauses == [timing.PAUSE_PROBE_S]
+    assert sampler.pause_s == pytest.approx(timing.PAUSE_PER_GAP * 150e-6)
+    assert sampler.take(6) == pytest.approx([100e-6] * 6)  # device 0's span is the largest
+    assert sampler.all_devices == pytest.approx([300e-6] * 6)
+    assert fake.pauses[1:] == [sampler.pause_s] * 6
+
+
+def test_sampler_doubles_its_pause_when_a_trace_cannot_be_cut():
+    wide = iter([False] * 2 + [True] * 1000)  # warm-up and probe narrow; later calls not
+
+    def widening(t0):
+        return late_peer(t0, 220.0) if next(wide) else [event(0, t0, t0 + 100)]
+
+    fake = FakeDevices(per_call=widening)
+    sampler = timing._DeviceSpanSampler(fake.call, None, lambda _: None, fake.start_session,
+                                        sleep=fake.sleep)
+    assert sampler.pause_s == timing.PAUSE_MIN_S  # no gap in the probe
+    assert sampler.take(4) == pytest.approx([100e-6] * 4)
+    assert sampler.all_devices == pytest.approx([370e-6] * 4)
+    # 100 us pauses leave 130 us between calls, under the 220 inside; 200 us leave 230.
+    assert sampler.pause_s == 2 * timing.PAUSE_MIN_S
+    assert fake.sessions == 3  # the probe, a trace cut wrong, the same calls again
 
 
 def _on_gpu_timeable(fake: FakeDevices) -> timing.Timeable:

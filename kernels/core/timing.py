@@ -483,6 +483,18 @@ class _CuptiSampler:
 # 40 us for a 2-GPU program on an H100 pair, /tmp/notes/sharded.md); gaps inside one call
 # (kernel after kernel on a stream, a collective waiting for its peer) are the devices' own.
 MIN_CALL_GAP_NS = 2_000.0
+# The host pauses before each dispatch inside a trace, so that every boundary between calls is
+# an idle gap longer than any inside a call: with no pause, a 2-GPU program's intra-call gaps
+# (one device's launch behind the other's, a flush dispatched per device) matched the gaps
+# between calls on an H100 x4 host and one cut in five landed inside a call. The pause is
+# PAUSE_PER_GAP times the widest gap inside one probed call, clamped to [PAUSE_MIN_S,
+# PAUSE_MAX_S]; a trace that still cannot be cut is recorded again with the pause doubled,
+# SPLIT_RETRIES times, before the error is raised.
+PAUSE_MIN_S = 100e-6
+PAUSE_MAX_S = 20e-3
+PAUSE_PER_GAP = 4.0
+PAUSE_PROBE_S = 2e-3
+SPLIT_RETRIES = 2
 # Profiler lines that carry device activity: one "Stream #N(...)" line per CUDA stream
 # (compute, collectives, copies). Other lines of a device plane ("XLA Ops", "XLA Modules")
 # repeat the same kernels grouped by HLO op and must not be counted twice.
@@ -570,6 +582,24 @@ def device_events(profile_data: Any) -> list[DeviceEvent]:
     return events
 
 
+def _idle_gaps(ordered: Sequence[DeviceEvent]) -> list[tuple[float, int]]:
+    """(idle gap before it, index) of each event but the first, `ordered` by start: its start
+    minus the latest end of every earlier event, on any device and stream."""
+    gaps = []
+    latest_end = -math.inf
+    for index, event in enumerate(ordered):
+        if index:
+            gaps.append((event.start_ns - latest_end, index))
+        latest_end = max(latest_end, event.end_ns)
+    return gaps
+
+
+def widest_gap_s(span: CallSpan) -> float:
+    """The longest idle time inside one call (every device idle), in seconds; 0 for none."""
+    ordered = sorted(span.events, key=lambda e: (e.start_ns, e.end_ns))
+    return max((gap for gap, _ in _idle_gaps(ordered)), default=0.0) * 1e-9
+
+
 def split_calls(events: Sequence[DeviceEvent], calls: int, *, period: int = 1,
                 min_gap_ns: float = MIN_CALL_GAP_NS) -> list[CallSpan]:
     """Cut the device events of `calls` consecutive, synchronous calls into one CallSpan each.
@@ -593,12 +623,7 @@ def split_calls(events: Sequence[DeviceEvent], calls: int, *, period: int = 1,
     if len(ordered) < calls:
         raise TraceSplitError(f"device trace: expected at least one event per call, {calls} "
                               f"calls, got {len(ordered)} events")
-    gaps = []
-    latest_end = -math.inf
-    for index, event in enumerate(ordered):
-        if index:
-            gaps.append((event.start_ns - latest_end, index))
-        latest_end = max(latest_end, event.end_ns)
+    gaps = _idle_gaps(ordered)
     cuts = sorted(index for _, index in sorted(gaps, reverse=True)[:calls - 1])
     if cuts:
         boundaries = set(cuts)
@@ -625,33 +650,37 @@ class _DeviceSpanSampler:
     """Device time per call from an in-memory profiler trace (method "device-span").
 
     One profiler session per `take(n)` (starting one costs 19-33 ms and stopping 7-10 ms on
-    an H100 pair, so many calls share it); inside it each call is dispatched and waited for,
-    which leaves the idle gap `split_calls` cuts at. In the cold regime each call follows
+    an H100 pair, so many calls share it); inside it each call is dispatched after a host
+    pause and waited for, which leaves the idle gap `split_calls` cuts at. The pause is set
+    from one probed call (PAUSE_PER_GAP times its widest inner gap) and doubled when a trace
+    cannot be cut anyway (SPLIT_RETRIES). In the cold regime each call follows
     an L2 flush of every device it runs on, waited for too, so the flush is a call of its own
     in the trace and is left out. A sample is the call's largest per-device span; the span
     over all devices is kept in `all_devices`.
 
     call: runs the timed code once; flush: writes every device's L2 (or None, hot);
     wait(result): blocks until it is done; start_session(): a started session whose
-    `stop()` returns ProfileData.
+    `stop()` returns ProfileData; sleep(seconds): the host pause (time.sleep).
     """
 
     def __init__(self, call: Callable[[], Any], flush: Callable[[], Any] | None,
                  wait: Callable[[Any], Any], start_session: Callable[[], Any],
-                 label: str = "call"):
+                 label: str = "call", sleep: Callable[[float], Any] = time.sleep):
         self.call, self.flush, self.wait = call, flush, wait
-        self.start_session, self.label = start_session, label
+        self.start_session, self.label, self.sleep = start_session, label, sleep
         self.all_devices: list[float] = []
         self.last_spans: list[CallSpan] = []
         # Compile (and let XLA autotune) before anything is recorded, then check that the
-        # trace holds device activity at all.
+        # trace holds device activity at all and find how long the pause must be.
         wait(call())
         if flush is not None:
             wait(flush())
-        self.record(1)
+        self.pause_s = PAUSE_PROBE_S
+        probe = self._record_once(1, keep_flushes=True)
+        widest = max(widest_gap_s(span) for span in probe)
+        self.pause_s = min(PAUSE_MAX_S, max(PAUSE_MIN_S, PAUSE_PER_GAP * widest))
 
-    def record(self, n: int) -> list[CallSpan]:
-        """n calls in one session: their CallSpans (flushes left out)."""
+    def _record_once(self, n: int, keep_flushes: bool = False) -> list[CallSpan]:
         try:
             session = self.start_session()
         except Exception as error:  # another profiler session, a tracer that cannot start
@@ -659,7 +688,9 @@ class _DeviceSpanSampler:
         try:
             for _ in range(n):
                 if self.flush is not None:
+                    self.sleep(self.pause_s)
                     self.wait(self.flush())
+                self.sleep(self.pause_s)
                 self.wait(self.call())
         finally:
             profile = session.stop()
@@ -671,7 +702,20 @@ class _DeviceSpanSampler:
                 f"the Mosaic CUPTI timer left attached in this process)")
         period = 1 if self.flush is None else 2
         spans = split_calls(events, n * period, period=period)
-        return spans[period - 1::period]
+        return spans if keep_flushes else spans[period - 1::period]
+
+    def record(self, n: int) -> list[CallSpan]:
+        """n calls in one session: their CallSpans (flushes left out). A trace that cannot be
+        cut is recorded again with a doubled pause, up to SPLIT_RETRIES times."""
+        retries = 0
+        while True:
+            try:
+                return self._record_once(n)
+            except TraceSplitError:
+                if retries == SPLIT_RETRIES:
+                    raise
+                retries += 1
+                self.pause_s = min(PAUSE_MAX_S, 2 * self.pause_s)
 
     def take(self, n: int) -> list[float]:
         spans = self.record(n)
