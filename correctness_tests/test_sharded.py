@@ -171,6 +171,26 @@ def test_scaling_reports_strong_and_weak_rows_with_efficiency(monkeypatch, capsy
         assert (impl.id, "strong", 4, "f32-16x8x16x32-mesh1x4") in by_key  # the 2x4 case
 
 
+@needs_mesh("4x1")
+def test_scaling_runs_a_larger_case_family_on_the_devices_there_are(monkeypatch, capsys):
+    """On a 4-device machine the 8x1 case's family still runs on 1, 2 and 4 devices (on a
+    4-GPU host it was dropped whole: the declared 8-device case cannot run there)."""
+    from kernels.bench import scaling
+    from kernels.core import devices
+
+    four = dataclasses.replace(devices.this_machine(), device_count=4)
+    monkeypatch.setattr(devices, "this_machine", lambda: four)
+    monkeypatch.setenv("KERNELPERF_TIME_BUDGET", "0.05")
+    assert scaling.main(["--ops", "sharded_vmap", "--tags", "cpu", "--counts", "1", "2", "4",
+                         "8", "--modes", "strong"]) == 0
+    rows = {tuple(line.split()[:4]) for line in capsys.readouterr().out.splitlines()
+            if line.startswith("sharded_vmap-")}
+    for impl in registry.implementations(vmap_spec.NAME):
+        for n, mesh in ((1, "1x1"), (2, "2x1"), (4, "4x1")):
+            assert (impl.id, "strong", str(n), f"f32-16x8x16x32-mesh{mesh}") in rows, rows
+    assert not any(row[2] == "8" for row in rows)
+
+
 def test_scaled_meshes_and_weak_cases():
     from kernels.bench import scaling
 
