@@ -205,6 +205,30 @@ def test_correct_kernel_passes_on_the_device_path(planted, device_path):
     assert device_path == [False, True]  # output, then dx with its magnitude
 
 
+@pytest.mark.skipif(jax.device_count() < 2, reason="needs 2 devices (forced host devices)")
+def test_a_result_spread_over_devices_is_compared_where_it_is(device_path):
+    """A sharded result is reduced on its devices, the reference laid out beside it (on the
+    4-GPU host, 58% of `pytest -m multi_gpu` went to copying sharded results to the host),
+    and a wrong element is still found at its place."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from kernels.core import compat
+
+    mesh = compat.make_mesh((2,), ("x",), devices=jax.devices()[:2])
+    expected = np.linspace(1.0, 2.0, 64 * 32, dtype=np.float32).reshape(64, 32)
+    actual = jax.device_put(expected, NamedSharding(mesh, PartitionSpec("x")))
+    result = checking.compare(actual, expected, tolerance=1e-6, name="sharded")
+    assert result.relative_error == 0.0 and device_path == [False]
+    arranged = checking._device_arrays(actual, expected, None)
+    assert arranged[1].sharding == actual.sharding and arranged[2] is None
+    wrong = actual.at[40, 7].set(5.0)
+    with pytest.raises(checking.CheckFailure, match=r"sharded: .*\(40, 7\)"):
+        checking.compare(wrong, expected, tolerance=1e-3, name="sharded")
+    assert device_path == [False, False]
+    with pytest.raises(checking.CheckFailure, match=r"shape \(64, 32\), expected \(32, 64\)"):
+        checking.compare(actual, expected.T, tolerance=1e-3, name="sharded")
+
+
 def test_unwritten_output_is_caught_by_poisoning_on_the_device_path(planted, device_path):
     test_unwritten_output_is_caught_by_poisoning(planted)
     assert device_path

@@ -173,16 +173,34 @@ def _device_platform() -> str | None:
     return "gpu" if compat.on_gpu() else None
 
 
+def _sharded_like(arrays: list[Any], platform: str) -> list[Any] | None:
+    """Where one of `arrays` is a JAX array spread over several devices of `platform` (a
+    sharded operation's result): all of them laid out as it is (a reference on one device is
+    copied device to device, not through the host), so the reduction runs where the result
+    is; None when there is no such array or the shapes differ."""
+    import jax
+
+    sharded = next((a for a in arrays if isinstance(a, jax.Array) and len(a.devices()) > 1
+                    and all(d.platform == platform for d in a.devices())), None)
+    if sharded is None or any(getattr(a, "shape", None) != sharded.shape for a in arrays):
+        return None
+    if any(type(a).__module__.startswith("torch") for a in arrays):
+        return None
+    return [a if a is sharded else jax.device_put(a, sharded.sharding) for a in arrays]
+
+
 def _device_arrays(*arrays):
-    """The arrays as single-device JAX arrays on the device (torch through DLPack), when all
-    are and are big enough to be worth a device reduction; else None (compare on host)."""
+    """The arrays as JAX arrays on the device (torch through DLPack), when all are and are
+    big enough to be worth a device reduction: on one device, or, where one is spread over
+    several, laid out as that one is; else None (compare on host)."""
     platform = _device_platform()
     if platform is None:
         return None
     present = [a for a in arrays if a is not None]
     if any(getattr(a, "dtype", None) == np.float64 for a in present):
         return None  # JAX runs without x64: float64 stays on the host, in float64
-    converted = [frameworks.as_device_array(a, platform) for a in present]
+    converted = (_sharded_like(present, platform)
+                 or [frameworks.as_device_array(a, platform) for a in present])
     if any(c is None for c in converted) or converted[0].size < DEVICE_COMPARE_MIN_SIZE:
         return None
     it = iter(converted)
