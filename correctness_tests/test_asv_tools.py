@@ -130,6 +130,31 @@ def test_machine_file_carries_device_keys_that_asv_loads(tmp_path, monkeypatch):
     assert machine.num_cpu and machine.ram and machine.arch and "Test GPU" in machine.cpu
 
 
+def test_a_machine_of_several_gpus_is_named_by_their_count(tmp_path, monkeypatch):
+    from kernels.core import fingerprint
+
+    four = fingerprint.Identity("gpu", "Test GPU 80GB", "test-gpu-80gb", "999.1", "99.9",
+                                1234, devices=4)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(fingerprint, "identity", lambda: four)
+    assert asv_tools.machine_name() == "4x-test-gpu-80gb"
+    assert asv_tools.register_machine() == "4x-test-gpu-80gb"
+    one = dataclasses.replace(four, devices=1)
+    assert asv_tools.machine_name(one) == "test-gpu-80gb"
+
+
+def test_visible_gpus_are_counted_as_cuda_visible_devices_says(monkeypatch):
+    from kernels.core import fingerprint
+
+    nvml = type("Nvml", (), {"nvmlDeviceGetCount": staticmethod(lambda: 8)})
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert fingerprint._visible_gpu_count(nvml) == 8
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert fingerprint._visible_gpu_count(nvml) == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaaa")
+    assert fingerprint._visible_gpu_count(nvml) == 1
+
+
 def test_machine_keys_on_cpu_name_no_gpu():
     from kernels.core import fingerprint
 

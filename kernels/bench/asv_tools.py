@@ -137,11 +137,15 @@ def _short(base: Result | None, head: Result | None) -> str:
     return ""
 
 
-def machine_name() -> str:
-    """asv's machine name: the normalised device model, e.g. nvidia-h100-80gb-hbm3."""
+def machine_name(device=None) -> str:
+    """asv's machine name: the normalised device model, e.g. nvidia-h100-80gb-hbm3, led by
+    the GPU count where this process sees several (4x-nvidia-h100-80gb-hbm3), so results of
+    multi-GPU machines are kept, and offered by the dashboard, apart."""
     from kernels.core import fingerprint
 
-    return fingerprint.identity().model
+    device = device or fingerprint.identity()
+    count = getattr(device, "devices", 1)
+    return device.model if count <= 1 else f"{count}x-{device.model}"
 
 
 def machine_keys(device) -> dict[str, str]:
@@ -172,7 +176,7 @@ def register_machine(name: str | None = None) -> str:
     from kernels.core import fingerprint
 
     device = fingerprint.identity()
-    name = name or device.model
+    name = name or machine_name(device)
     uname = platform.uname()
     cpu = fingerprint._cpu_name()
     if device.platform == "gpu":
