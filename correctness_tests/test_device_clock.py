@@ -4,7 +4,9 @@ GPU planes); and the labelled host-clock fallback where there is no device trace
 
 from __future__ import annotations
 
+import dataclasses
 import types
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -287,6 +289,35 @@ def test_make_sampler_uses_the_device_clock_when_asked(monkeypatch):
     assert measurement.all_devices_s == pytest.approx((330e-6,) * 4)  # warm-up left out
     again = timing.Measurement.from_dict(measurement.to_dict())
     assert again.all_devices_s == measurement.all_devices_s
+
+
+def test_work_over_a_mesh_is_timed_by_the_device_span_though_its_inputs_sit_on_one(
+        monkeypatch):
+    """An operation that lays its inputs out over the mesh itself (MoE on a 4-GPU host): the
+    case's device count picks the device clock; CUPTI's single-device timer dropped records
+    and aborted its worker there."""
+    fake = FakeDevices()
+    monkeypatch.setattr(compat, "trace_session_factory", lambda: fake.start_session)
+    monkeypatch.setattr(compat, "cupti_session", lambda: None)
+    plain = _on_gpu_timeable(fake)
+    meshed = dataclasses.replace(plain, devices=2)
+    assert timing.make_sampler(meshed, "hot", fingerprint.fingerprint())[1] == "device-span"
+    with warnings.catch_warnings():  # the host clock's warning (CUPTI missing), said once
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert timing.make_sampler(plain, "hot", fingerprint.fingerprint())[1] == "host-clock"
+    assert len(timing.devices_of(plain.args)) == 1
+    assert timing.devices_of(plain.args, 2) == jax.devices()[:2]
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (forced host devices)")
+def test_prepare_counts_the_devices_of_a_sharded_case():
+    from kernels.core import registry
+
+    impl = registry.implementation("moe", "xla")
+    case = next(c for c in registry.operation("moe").cases if c.kwargs["mesh"] == "4x2")
+    assert timing.prepare(impl, case).devices == 8
+    softmax = registry.implementation("softmax", "xla")
+    assert timing.prepare(softmax, registry.operation("softmax").cases[0]).devices == 1
 
 
 def test_make_sampler_falls_back_to_the_labelled_host_clock(monkeypatch, capsys):

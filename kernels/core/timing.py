@@ -256,6 +256,9 @@ class Timeable:
     fn: Callable[..., Any]
     args: tuple[Any, ...]
     on_gpu: bool
+    # Devices the work runs over (a sharded case's mesh size): also where its arguments do
+    # not show it (inputs on one device, laid out over the mesh inside the call).
+    devices: int = 1
 
 
 def _cotangent(out_shape: Sequence[int], dtype: Any, seed: int) -> np.ndarray:
@@ -289,11 +292,13 @@ def prepare(impl: registry.Implementation, case: registry.Case, *, direction: st
         from kernels.core import compat
 
         forward = functools.partial(impl.fn, **kwargs)
+        devices = impl.devices_for(case)
         if direction == "fwd":
-            return Timeable(label, "jax", _jit(forward), args, compat.on_gpu())
+            return Timeable(label, "jax", _jit(forward), args, compat.on_gpu(), devices)
         out, pullback = jax.vjp(forward, *args)
         cotangent = jax.numpy.asarray(_cotangent(out.shape, out.dtype, seed))
-        return Timeable(label, "jax", _jit(_apply), (pullback, cotangent), compat.on_gpu())
+        return Timeable(label, "jax", _jit(_apply), (pullback, cotangent), compat.on_gpu(),
+                        devices)
 
     import torch
 
@@ -755,13 +760,16 @@ def _warn_no_cupti(framework: str, fallback: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def devices_of(args: Any) -> list[Any]:
+def devices_of(args: Any, at_least: int = 1) -> list[Any]:
     """The devices the JAX arrays in `args` live on, in id order (JAX's default device where
-    `args` hold no array: work on closed-over data)."""
+    `args` hold no array: work on closed-over data); the first `at_least` devices where the
+    arrays live on fewer (work that lays its inputs out over a mesh of them itself)."""
     import jax
 
     found = {device for leaf in jax.tree.leaves(args) if isinstance(leaf, jax.Array)
              for device in leaf.sharding.device_set}
+    if len(found) < at_least:
+        return jax.devices()[:at_least]
     return sorted(found, key=lambda device: device.id) or jax.devices()[:1]
 
 
@@ -800,7 +808,8 @@ def _device_span_sampler(timeable: Timeable, flush_bytes: int | None) -> _Device
         _warn_no_trace("this jaxlib has no in-memory profiler session")
         return None
     call = functools.partial(timeable.fn, *timeable.args)
-    flush = jax_flush_devices(flush_bytes, devices_of(timeable.args)) if flush_bytes else None
+    flush = jax_flush_devices(flush_bytes, devices_of(timeable.args, timeable.devices)) \
+        if flush_bytes else None
     try:
         return _DeviceSpanSampler(call, flush, jax.block_until_ready, start_session,
                                   timeable.label)
@@ -829,11 +838,12 @@ def make_sampler(timeable: Timeable, regime: str, device: fingerprint.Fingerprin
 
         from kernels.core import compat
 
-        if timeable.on_gpu and (clock == "device-span" or spans_devices(timeable.args)):
+        if timeable.on_gpu and (clock == "device-span" or timeable.devices > 1
+                                or spans_devices(timeable.args)):
             spanned = _device_span_sampler(timeable, flush_bytes)
             if spanned is not None:
                 return _ClockedSampler(spanned, device), "device-span"
-            flush = jax_flush_devices(flush_bytes, devices_of(timeable.args)) \
+            flush = jax_flush_devices(flush_bytes, devices_of(timeable.args, timeable.devices)) \
                 if flush_bytes else None
             inner = _HostSampler(lambda: jax.block_until_ready(call()), flush)
             return _ClockedSampler(inner, device), "host-clock"
