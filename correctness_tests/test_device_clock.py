@@ -16,6 +16,12 @@ from jax.profiler import ProfileData
 from kernels.core import compat, fingerprint, timing
 
 US = 1_000.0  # nanoseconds
+
+
+@pytest.fixture(autouse=True)
+def _untraced(monkeypatch):
+    """Each test's samplers mark the process traced; the mark is undone after it."""
+    monkeypatch.setattr(timing, "_TRACED", False)
 ON_GPU = jax.default_backend() == "gpu"
 
 
@@ -203,9 +209,11 @@ class FakeDevices:
         return types.SimpleNamespace(stop=stop)
 
 
-def test_sampler_takes_largest_per_device_span_and_keeps_all_device_span():
+def test_sampler_takes_largest_per_device_span_and_keeps_all_device_span(monkeypatch):
     fake = FakeDevices()
+    assert not timing.traced_here()
     sampler = timing._DeviceSpanSampler(fake.call, None, lambda _: None, fake.start_session)
+    assert timing.traced_here()  # CUPTI timing in this process is off limits from now on
     assert fake.sessions == 1  # the probe that checks the trace holds device activity
     assert sampler.take(5) == pytest.approx([325e-6] * 5)
     assert fake.sessions == 2  # one session for the five calls

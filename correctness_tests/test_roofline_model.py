@@ -191,6 +191,44 @@ def test_measured_ceilings_are_measured_once_then_read_back(tmp_path, monkeypatc
     assert not list(ceilings.cache_path(device.model).parent.glob("*.tmp"))
 
 
+def test_ceilings_after_a_device_trace_are_measured_by_a_fresh_process(tmp_path, monkeypatch):
+    """A process that recorded a device trace (the device-span clock) never times the ceilings
+    itself (Mosaic's CUPTI timer aborted such measuring workers on a 4-GPU host): a child
+    measures and caches them, and this process reads the cache; a failing child leaves none,
+    with a warning."""
+    import dataclasses
+    import json
+    import subprocess
+
+    from kernels.core import timing
+
+    monkeypatch.setenv("KERNELPERF_CACHE", str(tmp_path))
+    device = dataclasses.replace(_cpu("Test GPU"), platform="gpu")
+    made = ceilings.Ceiling(device.name, "measured", 3e12, {"bf16": 9e14}, method="cupti")
+    children = []
+
+    def child(command, **kwargs):
+        children.append(command)
+        path = ceilings.cache_path(device.model)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"ceiling": made.to_dict()}))
+        return subprocess.CompletedProcess(command, 0)
+
+    def in_process(dev):
+        raise AssertionError("measured in the traced process")
+
+    monkeypatch.setattr(ceilings, "measure", in_process)
+    monkeypatch.setattr(subprocess, "run", child)
+    monkeypatch.setattr(timing, "_TRACED", True)
+    assert ceilings.measured(device) == made
+    assert len(children) == 1 and "ceilings.measured()" in children[0][-1]
+    ceilings.cache_path(device.model).unlink()
+    monkeypatch.setattr(subprocess, "run",
+                        lambda command, **kwargs: subprocess.CompletedProcess(command, 1))
+    with pytest.warns(UserWarning, match=r"in a fresh process failed \(exit 1\); none measured"):
+        assert ceilings.measured(device) is None
+
+
 def test_a_cpu_has_no_datasheet_and_no_warning(tmp_path, monkeypatch):
     import warnings
 

@@ -651,6 +651,17 @@ def split_calls(events: Sequence[DeviceEvent], calls: int, *, period: int = 1,
     return [CallSpan(events=group) for group in groups]
 
 
+# Whether this process has started a profiler session (the device-span clock). Mosaic's CUPTI
+# timer, started after one, aborts the process ("activity records were dropped", seen in the
+# measuring workers of a 4-GPU host): CUPTI timing then goes to a fresh process.
+_TRACED = False
+
+
+def traced_here() -> bool:
+    """Whether a device trace was recorded in this process (so CUPTI timing must not be)."""
+    return _TRACED
+
+
 class _DeviceSpanSampler:
     """Device time per call from an in-memory profiler trace (method "device-span").
 
@@ -686,10 +697,12 @@ class _DeviceSpanSampler:
         self.pause_s = min(PAUSE_MAX_S, max(PAUSE_MIN_S, PAUSE_PER_GAP * widest))
 
     def _record_once(self, n: int, keep_flushes: bool = False) -> list[CallSpan]:
+        global _TRACED
         try:
             session = self.start_session()
         except Exception as error:  # another profiler session, a tracer that cannot start
             raise DeviceTraceUnavailable(f"cannot start a profiler session: {error}") from error
+        _TRACED = True
         try:
             for _ in range(n):
                 if self.flush is not None:
