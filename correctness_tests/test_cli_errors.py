@@ -236,3 +236,24 @@ def test_overlap_script_mistakes_get_one_line(argv, words, capsys):
         code = stop.code
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and all(w in err[0] for w in words), (code, err)
+
+
+def test_an_interrupted_command_says_so_in_one_line_and_exits_130(capsys, monkeypatch):
+    """Ctrl-C, or a watchdog's SIGINT (the device scripts send one), during a command: one
+    line, exit 130 (the shell's 128 + SIGINT), no traceback."""
+    from kernels.cli import bench
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    real = bench.add_commands
+
+    def add_commands(sub):
+        commands = real(sub)
+        commands["bench"] = interrupted
+        return commands
+
+    monkeypatch.setattr(bench, "add_commands", add_commands)
+    assert cli.main(["bench"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "python -m kernels bench: interrupted" and "Traceback" not in err

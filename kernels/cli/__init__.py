@@ -32,3 +32,8 @@ def main(argv: list[str] | None = None) -> int:
         # A user's mistake, not a bug: one line, no traceback.
         print(f"{parser.prog} {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # Ctrl-C or a watchdog's SIGINT: what the command keeps on the way out (kernels bench
+        # recovers the measuring journals' results) it has said; no traceback.
+        print(f"{parser.prog} {args.command}: interrupted", file=sys.stderr)
+        return 130
