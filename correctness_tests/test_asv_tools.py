@@ -143,18 +143,6 @@ def test_a_machine_of_several_gpus_is_named_by_their_count(tmp_path, monkeypatch
     assert asv_tools.machine_name(one) == "test-gpu-80gb"
 
 
-def test_visible_gpus_are_counted_as_cuda_visible_devices_says(monkeypatch):
-    from kernels.core import fingerprint
-
-    nvml = type("Nvml", (), {"nvmlDeviceGetCount": staticmethod(lambda: 8)})
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert fingerprint._visible_gpu_count(nvml) == 8
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
-    assert fingerprint._visible_gpu_count(nvml) == 2
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaaa")
-    assert fingerprint._visible_gpu_count(nvml) == 1
-
-
 def test_machine_keys_on_cpu_name_no_gpu():
     from kernels.core import fingerprint
 

@@ -42,8 +42,25 @@ def test_full_flag_and_gpu_run_every_benchmark(monkeypatch):
     assert full_cpu["Softmax"][0] == [i.name for i in registry.implementations("softmax")]
     assert full_cpu["Softmax"][2] == list(registry.DIRECTIONS)
     monkeypatch.delenv("KERNELPERF_BENCH_FULL")
-    gpu = _suites(monkeypatch, fakes.H100)  # a GPU is never narrowed, flag or not
+    gpu = _suites(monkeypatch, fakes.H100)  # a GPU is never narrowed by the flag
     assert set(gpu) == set(full_cpu)
     assert gpu["Softmax"][0] == full_cpu["Softmax"][0]
     assert gpu["Softmax"][1] == [c.id for c in registry.operation("softmax").cases
                                  if {"bench", "gpu"} <= c.tags]
+
+
+def test_a_gpu_machine_leaves_out_cases_over_more_gpus_than_it_has(monkeypatch):
+    """One GPU: no sharded class at all (each cost ~13 s a commit on an H100 to skip every
+    case); four: the cases of meshes up to 4 devices; the single-device operations as ever."""
+    sharded = {"ShardedMatmul", "ShardedVmap", "Moe", "TransformerBlock"}
+    monkeypatch.setattr(environment, "nvidia_gpu_count", lambda: 1)
+    one = _suites(monkeypatch, fakes.H100)
+    assert not sharded & set(one) and {"Softmax", "Matmul", "Attention"} <= set(one)
+    monkeypatch.setattr(environment, "nvidia_gpu_count", lambda: 4)
+    four = _suites(monkeypatch, fakes.H100)
+    assert sharded <= set(four)
+    for name in sharded:
+        meshes = [case.rsplit("mesh", 1)[1] for case in four[name][1]]
+        assert meshes and all(int(m.split("x")[0]) * int(m.split("x")[1]) <= 4
+                              for m in meshes), (name, meshes)
+    assert four["Softmax"] == one["Softmax"]

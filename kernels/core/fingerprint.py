@@ -193,15 +193,6 @@ class Identity:
     devices: int = 1  # GPUs visible to this process (CUDA_VISIBLE_DEVICES respected)
 
 
-def _visible_gpu_count(nvml) -> int:
-    """GPUs this process sees, without starting CUDA: CUDA_VISIBLE_DEVICES's entries where it
-    is set, else every GPU NVML counts."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and visible.strip():
-        return len([entry for entry in visible.split(",") if entry.strip()])
-    return int(nvml.nvmlDeviceGetCount())
-
-
 def _nvml_index_handle(nvml):
     """NVML handle of the first visible GPU, read without starting CUDA (asv's own process
     names the machine and must stay light): CUDA_VISIBLE_DEVICES's first entry, by index or
@@ -227,7 +218,7 @@ def identity() -> Identity:
         return Identity("gpu", name, normalise(name), _text(nvml.nvmlSystemGetDriverVersion()),
                         f"{version // 1000}.{version % 1000 // 10}",
                         _nvml_call(nvml.nvmlDeviceGetDefaultApplicationsClock, handle,
-                                   nvml.NVML_CLOCK_SM), _visible_gpu_count(nvml))
+                                   nvml.NVML_CLOCK_SM), environment.nvidia_gpu_count())
     except Exception:  # no NVML (nvidia-ml-py missing) or an unexpected board
         full = fingerprint()
         return Identity(full.platform, full.name, full.model, full.driver, full.cuda,
