@@ -44,7 +44,7 @@ from collections.abc import Callable
 
 from kernels.core import registry, validation, vcs
 
-FAMILIES = ("pallas", "triton", "cuda", "xla")
+FAMILIES = ("pallas", "triton", "cuda", "xla", "sharded")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +62,9 @@ class Plant:
 _SOFTMAX = {"gpu": "f32-32768x4096", "cpu": "f32-64x1000"}
 _MATMUL = {"gpu": "bf16-8192x8192x8192", "cpu": "f32-129x130x257"}
 _ROW_SUM = {"gpu": "f32-32768x4096", "cpu": "f32-64x1000"}
+# The collective matmul over two GPUs (model axis: its all-gather ring overlaps the product);
+# on a CPU the 4x2 mesh of forced host devices.
+_SHARDED_MATMUL = {"gpu": "bf16-8192x8192x4096-mesh1x2", "cpu": "f32-64x32x48-mesh4x2"}
 # A plant's scale makes its measured slowdown about its nominal size on the H100 (f32
 # 32768x4096 softmax): the Pallas softmax recomputing 2.5% of the rows cost only 1.0-1.3% more
 # (2026-11-25), the XLA one recomputing 2% of them 0.7-1.0% more (2026-11-26; XLA computes the
@@ -78,6 +81,7 @@ PLANTS = (
     Plant("xla", "matmul", "xla", _MATMUL),
     Plant("cuda", "row_sum", "cuda", _ROW_SUM),
     Plant("xla", "row_sum", "xla", _ROW_SUM),
+    Plant("sharded", "sharded_matmul", "collective", _SHARDED_MATMUL),
 )
 OPS = tuple(dict.fromkeys(plant.op for plant in PLANTS))
 DEFAULT_SIZES = (0.02, 0.03)
@@ -130,7 +134,9 @@ class Settings:
 
 def plant_source(op: str, impl: str, fraction: float, framework: str) -> str:
     """Python appended to `impl`'s module: every call also runs the kernel on the first
-    `fraction` of the rows. For JAX the extra result is handed to a host callback, an
+    `fraction` of the rows (for a sharded case, rounded up to whole rows per device of its
+    mesh: the operation takes only rows the mesh divides). For JAX the extra result is handed
+    to a host callback, an
     effect XLA must keep (an optimization barrier's unused outputs are pruned, seen with
     jax 0.10.2); the callback's copy to the host is a memcpy, which CUPTI's kernel time
     leaves out, so only the extra kernel work is timed."""
@@ -146,6 +152,12 @@ def plant_source(op: str, impl: str, fraction: float, framework: str) -> str:
         "    def planted(x, *args, **kwargs):\n"
         "        out = inner(x, *args, **kwargs)\n"
         f"        rows = max(1, int(x.shape[0] * {fraction!r}))\n"
+        "        mesh = kwargs.get('mesh')\n"
+        "        if isinstance(mesh, str):\n"
+        "            step = 1\n"
+        "            for size in mesh.lower().split('x'):\n"
+        "                step *= int(size)\n"
+        "            rows = -(-rows // step) * step\n"
         "        extra = inner(x[:rows], *args, **kwargs)\n"
         + "".join("    " + line + "\n" for line in keep.splitlines()) +
         "        return out\n\n"
