@@ -11,10 +11,11 @@
 #      after each item's call and teardown; the plugin prints its hooks' CPU time per item)
 #      and both wall times, on the same warm caches. The full `pytest -m gpu` (8 min cold on
 #      an H100) does not fit twice in one call.                                2 x 70 s
-# Unverified before this call (no GPU time was left): that the three planted kernels fault on
-# an H100 as they do in their CPU interpreters (the CUDA one cannot run there at all); that
-# torch and XLA word the sticky error as isolation.STICKY_ERRORS knows it; the device check's
-# cost. Logs (the drill's clones' logs included) go to $OUT.
+# First run on an H100 2026-11-26 (perf_tests/RESULTS.md, "evening"): the three planted kernels
+# fault there as in their CPU interpreters, torch and XLA word the sticky error as
+# isolation.STICKY_ERRORS knows it, every fault was contained (420 s in all). Stage 3's two
+# arms run one after the other, so the second reads warmer caches: swap or repeat them to
+# compare. Logs (the drill's clones' logs included) go to $OUT.
 #
 #   bash .ci/device/fault_drill.sh        (REV=<revision> to drill another commit than HEAD)
 set -uo pipefail
