@@ -13,7 +13,7 @@
 #      an H100) does not fit twice in one call.                                2 x 70 s
 # First run on an H100 2026-11-26 (perf_tests/RESULTS.md, "evening"): the three planted kernels
 # fault there as in their CPU interpreters, torch and XLA word the sticky error as
-# isolation.STICKY_ERRORS knows it, every fault was contained (420 s in all). Stage 3's two
+# isolation.STICKY_ERRORS knows it, every fault was contained (316 s in all). Stage 3's two
 # arms run one after the other, so the second reads warmer caches: swap or repeat them to
 # compare. Logs (the drill's clones' logs included) go to $OUT.
 #
