@@ -309,12 +309,32 @@ def test_work_over_a_mesh_is_timed_by_the_device_span_though_its_inputs_sit_on_o
     monkeypatch.setattr(compat, "cupti_session", lambda: None)
     plain = _on_gpu_timeable(fake)
     meshed = dataclasses.replace(plain, devices=2)
-    assert timing.make_sampler(meshed, "hot", fingerprint.fingerprint())[1] == "device-span"
     with warnings.catch_warnings():  # the host clock's warning (CUPTI missing), said once
         warnings.simplefilter("ignore", RuntimeWarning)
         assert timing.make_sampler(plain, "hot", fingerprint.fingerprint())[1] == "host-clock"
+    assert timing.make_sampler(meshed, "hot", fingerprint.fingerprint())[1] == "device-span"
     assert len(timing.devices_of(plain.args)) == 1
     assert timing.devices_of(plain.args, 2) == jax.devices()[:2]
+
+
+def test_after_a_device_trace_no_cupti_timer_is_started(monkeypatch):
+    """Mosaic's CUPTI timer started after a profiler session aborts the process: once this
+    process has recorded a device trace, JAX work is timed by the device span and torch work
+    by CUDA events, each said once."""
+    fake = FakeDevices()
+    monkeypatch.setattr(compat, "trace_session_factory", lambda: fake.start_session)
+
+    def no_cupti():
+        raise AssertionError("a CUPTI session was asked for after a device trace")
+
+    monkeypatch.setattr(compat, "cupti_session", no_cupti)
+    monkeypatch.setattr(timing, "_TRACED", True)
+    device = fingerprint.fingerprint()
+    assert timing.make_sampler(_on_gpu_timeable(fake), "hot", device)[1] == "device-span"
+    torch_work = timing.Timeable("torch-op", "torch", lambda: None, (), True)
+    timing._warn_traced.cache_clear()
+    with pytest.warns(RuntimeWarning, match=r"recorded a device trace.*timed by cuda-events"):
+        assert timing.make_sampler(torch_work, "hot", device)[1] == "cuda-events"
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (forced host devices)")

@@ -797,6 +797,16 @@ def spans_devices(args: Any) -> bool:
 
 
 @functools.cache
+def _warn_traced(framework: str, fallback: str) -> None:
+    """Once per process: CUPTI is off limits after a device trace (it would abort)."""
+    message = (f"kernelperf: this process recorded a device trace, after which Mosaic's CUPTI "
+               f"timer aborts it: {framework} is timed by {fallback}; such results say "
+               f"method={fallback!r} and are not compared with CUPTI ones")
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    print(message, file=sys.stderr, flush=True)
+
+
+@functools.cache
 def _warn_no_trace(reason: str) -> None:
     """Once per process and reason: loud, since the numbers are then not device time."""
     message = (f"kernelperf: no device trace ({reason}): work over several devices is timed "
@@ -851,7 +861,9 @@ def make_sampler(timeable: Timeable, regime: str, device: fingerprint.Fingerprin
 
         from kernels.core import compat
 
-        if timeable.on_gpu and (clock == "device-span" or timeable.devices > 1
+        # After a device trace in this process, Mosaic's CUPTI timer would abort it: single-
+        # device work is then timed by the device span too.
+        if timeable.on_gpu and (clock == "device-span" or timeable.devices > 1 or _TRACED
                                 or spans_devices(timeable.args)):
             spanned = _device_span_sampler(timeable, flush_bytes)
             if spanned is not None:
@@ -879,8 +891,10 @@ def make_sampler(timeable: Timeable, regime: str, device: fingerprint.Fingerprin
 
         flush = torch_flush(flush_bytes) if flush_bytes else None
         cupti = torch_timer() == "cupti"
-        session = compat.cupti_session() if cupti else None
-        if cupti and session is None:
+        session = compat.cupti_session() if cupti and not _TRACED else None
+        if cupti and _TRACED:
+            _warn_traced("torch", "cuda-events")
+        elif cupti and session is None:
             _warn_no_cupti("torch", "cuda-events")
         if session is not None:
             inner = _CuptiSampler(call, flush, lambda _: torch.cuda.synchronize(), session,
