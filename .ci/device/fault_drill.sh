@@ -6,16 +6,14 @@
 #      issue's failure, at small scale), and asv;                                 <= 150 s
 #   2. the drill's pytest runs on an endless Triton loop and on a Pallas (Mosaic GPU) kernel
 #      waiting on a barrier nobody arrives at;                                     <= 180 s
-#   3. `pytest -m "gpu and small" -k softmax` with isolation, then with --no-isolation: the
+#   3. `pytest -m "gpu and small" -k softmax` with isolation and with --no-isolation, A B B A: the
 #      cost per item of the device check (torch.cuda.synchronize() and a tiny JAX computation
 #      after each item's call and teardown; the plugin prints its hooks' CPU time per item)
 #      and both wall times, on the same warm caches. The full `pytest -m gpu` (8 min cold on
-#      an H100) does not fit twice in one call.                                2 x 70 s
+#      an H100) does not fit twice in one call.                                4 x 70 s
 # First run on an H100 2026-11-26 (perf_tests/RESULTS.md, "evening"): the three planted kernels
 # fault there as in their CPU interpreters, torch and XLA word the sticky error as
-# isolation.STICKY_ERRORS knows it, every fault was contained (316 s in all). Stage 3's two
-# arms run one after the other, so the second reads warmer caches: swap or repeat them to
-# compare. Logs (the drill's clones' logs included) go to $OUT.
+# isolation.STICKY_ERRORS knows it, every fault was contained (316 s in all). Logs (the drill's clones' logs included) go to $OUT.
 #
 #   bash .ci/device/fault_drill.sh        (REV=<revision> to drill another commit than HEAD)
 set -uo pipefail
@@ -42,9 +40,11 @@ stage drill-hangs 180 python3 -m kernels fault-drill --faults triton-loop pallas
 sed -n '/^fault /,$p' "$OUT/drill-hangs.log"
 for logs in /tmp/kernelperf-drill-*/drill-logs; do cp -r "$logs" "$OUT/$(basename "$(dirname "$logs")")"; done
 
-for arm in isolation no-isolation; do
-    flag=$([ $arm = no-isolation ] && echo --no-isolation)
-    stage "quick-$arm" 70 python3 -m pytest -m "gpu and small" -k softmax -p no:cacheprovider \
+# A B B A: each arm once on colder caches and once on warmer ones (the first run of 2026-11-26
+# put isolation first only, and read 33.6 s against 25.1 s).
+for run in isolation-1 no-isolation-1 no-isolation-2 isolation-2; do
+    flag=$([[ $run = no-isolation* ]] && echo --no-isolation)
+    stage "quick-$run" 70 python3 -m pytest -m "gpu and small" -k softmax -p no:cacheprovider \
         $flag
-    grep -E "^kernelperf isolation|^kernelperf: .*workers| passed| failed" "$OUT/quick-$arm.log"
+    grep -E "^kernelperf isolation|^kernelperf: .*workers| passed| failed" "$OUT/quick-$run.log"
 done
