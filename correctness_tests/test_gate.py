@@ -40,6 +40,21 @@ def test_a_jax_plant_survives_xla_and_adds_its_fraction_of_work():
     assert registry.implementation("softmax", "xla") is original
 
 
+def test_a_whole_plant_is_one_row_short_of_the_call_so_xla_keeps_it():
+    """A fraction of 1 (a 50% plant scaled 2x, the README's CPU form) would run the very call
+    again, which XLA merged with the first: the CPU gate-power missed a "+50%" XLA plant."""
+    import jax
+
+    x = np.random.default_rng(0).standard_normal((64, 1000), dtype=np.float32)
+    original = registry.implementation("softmax", "xla")
+    base = jax.jit(original.fn).lower(x).compile().cost_analysis()
+    with planted("softmax", "xla", 1.0) as slowed:
+        slow = jax.jit(slowed.fn).lower(x).compile().cost_analysis()
+    base = base[0] if isinstance(base, list) else base
+    slow = slow[0] if isinstance(slow, list) else slow
+    assert slow["flops"] == pytest.approx((1 + 63 / 64) * base["flops"], rel=0.02)
+
+
 def test_a_torch_plant_runs_the_kernel_again_on_the_leading_rows(monkeypatch):
     import torch
 

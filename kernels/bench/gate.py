@@ -135,10 +135,10 @@ class Settings:
 def plant_source(op: str, impl: str, fraction: float, framework: str) -> str:
     """Python appended to `impl`'s module: every call also runs the kernel on the first
     `fraction` of the rows (for a sharded case, rounded up to whole rows per device of its
-    mesh: the operation takes only rows the mesh divides). For JAX the extra result is handed
-    to a host callback, an
-    effect XLA must keep (an optimization barrier's unused outputs are pruned, seen with
-    jax 0.10.2); the callback's copy to the host is a memcpy, which CUPTI's kernel time
+    mesh: the operation takes only rows the mesh divides), and never all of them (XLA merged
+    a whole second call with the first: a 100% plant cost nothing). For JAX the extra result
+    is handed to a host callback, an effect XLA must keep (an optimization barrier's unused
+    outputs are pruned, seen with jax 0.10.2); the callback's copy to the host is a memcpy, which CUPTI's kernel time
     leaves out, so only the extra kernel work is timed."""
     keep = ("    import jax\n    jax.debug.callback(lambda rows: None, extra)\n"
             if framework == "jax" else "    del extra\n")
@@ -152,12 +152,15 @@ def plant_source(op: str, impl: str, fraction: float, framework: str) -> str:
         "    def planted(x, *args, **kwargs):\n"
         "        out = inner(x, *args, **kwargs)\n"
         f"        rows = max(1, int(x.shape[0] * {fraction!r}))\n"
+        "        step = 1\n"
         "        mesh = kwargs.get('mesh')\n"
         "        if isinstance(mesh, str):\n"
-        "            step = 1\n"
         "            for size in mesh.lower().split('x'):\n"
         "                step *= int(size)\n"
         "            rows = -(-rows // step) * step\n"
+        "        if rows >= x.shape[0] > step:\n"
+        "            # Every row again is the call itself, which XLA merges with it.\n"
+        "            rows = x.shape[0] - step\n"
         "        extra = inner(x[:rows], *args, **kwargs)\n"
         + "".join("    " + line + "\n" for line in keep.splitlines()) +
         "        return out\n\n"
