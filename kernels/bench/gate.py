@@ -138,8 +138,8 @@ def plant_source(op: str, impl: str, fraction: float, framework: str) -> str:
     mesh: the operation takes only rows the mesh divides), and never all of them (XLA merged
     a whole second call with the first: a 100% plant cost nothing). For JAX the extra result
     is handed to a host callback, an effect XLA must keep (an optimization barrier's unused
-    outputs are pruned, seen with jax 0.10.2); the callback's copy to the host is a memcpy, which CUPTI's kernel time
-    leaves out, so only the extra kernel work is timed."""
+    outputs are pruned, seen with jax 0.10.2); the callback's copy to the host is a memcpy,
+    which CUPTI's kernel time leaves out, so only the extra kernel work is timed."""
     keep = ("    import jax\n    jax.debug.callback(lambda rows: None, extra)\n"
             if framework == "jax" else "    del extra\n")
     return (

@@ -498,7 +498,7 @@ MIN_CALL_GAP_NS = 2_000.0
 PAUSE_MIN_S = 100e-6
 PAUSE_MAX_S = 20e-3
 PAUSE_PER_GAP = 4.0
-PAUSE_PROBE_S = 2e-3
+PAUSE_PROBE_S = 2e-3  # while the probed call is recorded
 SPLIT_RETRIES = 2
 # Profiler lines that carry device activity: one "Stream #N(...)" line per CUDA stream
 # (compute, collectives, copies). Other lines of a device plane ("XLA Ops", "XLA Modules")
@@ -653,7 +653,8 @@ def split_calls(events: Sequence[DeviceEvent], calls: int, *, period: int = 1,
 
 # Whether this process has started a profiler session (the device-span clock). Mosaic's CUPTI
 # timer, started after one, aborts the process ("activity records were dropped", seen in the
-# measuring workers of a 4-GPU host): CUPTI timing then goes to a fresh process.
+# measuring workers of a 4-GPU host): from then on make_sampler times JAX work by the device
+# span and torch work by CUDA events, and the ceilings are measured by a fresh process.
 _TRACED = False
 
 
