@@ -383,6 +383,41 @@ def test_base_rows_of_earlier_runs_the_head_did_not_select_are_left_out_not_fail
     assert asv_tools.earlier_runs_only({earlier: stamped(1.0, None)}, {}, 1000) == {earlier}
 
 
+def test_dashboard_metrics_the_heads_run_did_not_record_are_left_out_not_failed():
+    """The gate's run (kernels bench --base, no --dashboard) records no dashboard metric: a
+    base holding them (an earlier dashboard run) fails nothing for it; one metric row missing
+    beside others of its method is still a failure, and so is a missing time row."""
+    def plain(value):
+        return asv_tools.Result(value, None, None)
+
+    tflops, other_tflops = (("benchmarks.S.track_tflops", (p,)) for p in ("a", "b"))
+    launch, time_row = ("benchmarks.S.track_launch", ("a",)), (TIME, ("'b'",))
+    base = {tflops: plain(1.0), other_tflops: plain(1.0), launch: plain(5.0),
+            time_row: plain(1e-3)}
+    assert asv_tools.unrecorded_metrics(base, {}) == {tflops, other_tflops, launch}
+    assert asv_tools.unrecorded_metrics(base, {tflops: plain(1.0)}) == {launch}
+    assert time_row not in asv_tools.unrecorded_metrics(base, {tflops: plain(1.0)})
+
+
+def test_the_gate_records_time_and_memory_and_a_dashboard_run_everything(monkeypatch, capsys):
+    """`kernels bench --base` (the gate) runs asv without the dashboard metrics unless
+    --dashboard; `kernels bench` alone (for the dashboard) always records them."""
+    from kernels import cli
+    from kernels.bench import breakdown
+
+    asked = []
+    monkeypatch.setattr(asv_tools, "bench",
+                        lambda revisions, bench_regex=None, dashboard=True:
+                        asked.append(dashboard) or "m")
+    monkeypatch.setattr(asv_tools, "run", lambda *args, **kwargs: 0)
+    monkeypatch.setattr(asv_tools, "full_hash", lambda rev: rev * 40)
+    monkeypatch.setattr(breakdown, "report", lambda *args: "")
+    for argv in (["bench"], ["bench", "--base", "a"], ["bench", "--base", "a", "--dashboard"]):
+        assert cli.main(argv) == 0
+    assert asked == [True, False, True]
+    assert capsys.readouterr().out.count("--dashboard also records") == 1
+
+
 def test_throughputs_are_as_noisy_as_the_device_time_they_come_from():
     """TFLOP/s, GB/s, roofline and speedup are the time row's median inverted: a change that
     is noise in time_device is noise in them too; the host launch cost is never gated."""

@@ -24,8 +24,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"kernels bench: the base {args.base}'s asv results are reused (--reuse-base); "
               f"a slower row's confirmation still measures it again", flush=True)
         revisions = [args.head]
+    # The gate (--base) records time and memory, the rows it judges: the dashboard metrics
+    # are five more asv processes per parameter set (about half of an H100 gate's time
+    # outside compiles). Without --base the run is for the dashboard, and records them.
+    dashboard = args.dashboard or not args.base
+    if not dashboard:
+        print("kernels bench: time and peak memory, the gate's rows (--dashboard also records "
+              "TFLOP/s, GB/s, roofline, speed-up and launch cost)", flush=True)
     started = time.time()
-    machine = asv_tools.bench(revisions, bench_regex=args.bench)
+    machine = asv_tools.bench(revisions, bench_regex=args.bench, dashboard=dashboard)
     asv_wall = time.time() - started
     status = 0
     if args.base:
@@ -130,6 +137,9 @@ def add_commands(sub) -> dict[str, Callable[[argparse.Namespace], int]]:
                                     help="revision to compare against (e.g. main)")
             sub_parser.add_argument("--head", type=revision, default="HEAD")
             sub_parser.add_argument("--bench", help="asv benchmark regex (e.g. Softmax)")
+            sub_parser.add_argument("--dashboard", action="store_true",
+                                    help="with --base, also record the dashboard metrics "
+                                    "(always recorded without --base)")
             sub_parser.add_argument("--reuse-base", action="store_true",
                                     help="keep the base's asv results where this machine has "
                                     "them (gate-power's trials share one base run)")
