@@ -372,6 +372,24 @@ def test_reference_cache_keeps_only_the_latest_case():
     assert (cache.misses, cache.hits, len(cache)) == (5, 0, 1)
 
 
+def test_the_meshes_of_one_problem_share_its_inputs_and_reference():
+    """A mesh lays the work out, it does not change it: the second mesh of a sharded case
+    reads the first one's inputs and reference, and a check on it still passes."""
+    op = registry.operation("sharded_matmul")
+    by_mesh = {c.kwargs["mesh"]: c for c in op.cases if c.id.startswith("f32-64x32x48-")}
+    assert {"4x2", "2x4"} <= set(by_mesh)
+    cache = checking.ReferenceCache(2**30)
+    first = cache.get(op, by_mesh["4x2"], 0, "normal", with_grad=True)
+    assert cache.get(op, by_mesh["2x4"], 0, "normal", with_grad=True) is first
+    assert (cache.misses, cache.hits) == (1, 1)
+    assert checking.reference_case(by_mesh["2x4"]).kwargs["mesh"] == checking.REFERENCE_MESH
+    assert checking.reference_case(SOFTMAX_CASE) is SOFTMAX_CASE  # no mesh, nothing changes
+    if jax.device_count() >= 8:
+        impl = registry.implementation("sharded_matmul", "xla")
+        assert checking.check(impl, by_mesh["2x4"], references=cache)
+        assert cache.misses == 1
+
+
 def test_reference_cache_recomputes_to_add_gradients():
     op = registry.operation("softmax")
     cache = checking.ReferenceCache(2**30)
