@@ -147,8 +147,7 @@ def machine_name(device=None) -> str:
     from kernels.core import fingerprint
 
     device = device or fingerprint.identity()
-    count = getattr(device, "devices", 1)
-    return device.model if count <= 1 else f"{count}x-{device.model}"
+    return device.model if device.devices <= 1 else f"{device.devices}x-{device.model}"
 
 
 def machine_keys(device) -> dict[str, str]:
@@ -532,7 +531,7 @@ def run(base_rev: str, head_rev: str, *, machine: str, results_dir: str = ".asv/
               f"measured and {head_rev}'s run did not select ({', '.join(names[:6])}"
               f"{', ...' if len(names) > 6 else ''})")
     if unrecorded:
-        methods = sorted({key[0].rsplit(".", 1)[-1] for key in unrecorded})
+        methods = sorted({_method(key[0]) for key in unrecorded})
         print(f"left out: {len(unrecorded)} rows of {base_rev}'s dashboard metrics "
               f"({', '.join(methods)}) that {head_rev}'s run did not record "
               f"(`kernels bench --dashboard` records them)")
@@ -558,10 +557,9 @@ def unrecorded_metrics(base: dict, head: dict) -> set:
     """The rows of `base` of dashboard metrics of which the head has no row at all: its run
     did not record them (the gate's own run, without --dashboard), which fails nothing. One
     missing beside others of its method still counts as failed."""
-    recorded = {key[0].rsplit(".", 1)[-1] for key in head}
+    recorded = {_method(key[0]) for key in head}
     return {key for key in base if key not in head
-            and key[0].rsplit(".", 1)[-1] in DASHBOARD_METHODS
-            and key[0].rsplit(".", 1)[-1] not in recorded}
+            and _method(key[0]) in DASHBOARD_METHODS and _method(key[0]) not in recorded}
 
 
 def earlier_runs_only(base: dict, head: dict, since_ms: float | None) -> set:

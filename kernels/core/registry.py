@@ -244,7 +244,7 @@ class Implementation:
         names one (the sharded operations), else `requires.devices`."""
         mesh = case.kwargs.get("mesh")
         if isinstance(mesh, str):
-            return math.prod(int(size) for size in mesh.lower().split("x"))
+            return mesh_size(mesh)
         return self.requires.devices
 
     def place(self, case: Case, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -315,6 +315,11 @@ def load() -> None:
 def operations() -> list[Operation]:
     load()
     return list(_OPERATIONS.values())
+
+
+def mesh_size(mesh: str) -> int:
+    """Devices of a mesh parameter: "4x2" -> 8."""
+    return math.prod(int(size) for size in mesh.lower().split("x"))
 
 
 def benchmark_class(op_name: str) -> str:
