@@ -97,14 +97,27 @@ def test_a_line_cut_short_is_skipped(tmp_path: Path):
 
 # A stand-in worker: by implementation name it measures, raises, aborts, hangs or dies
 # between parameter sets, as a faulting kernel would take the real worker down.
+# Implementations named "ahead-..." compile ahead: unless the worker is told --serial, all of
+# them compile first, and an "ahead-raise" raises there, an "ahead-hang" hangs there (in a
+# serial worker they raise and hang as themselves).
 FAKE_WORKER = textwrap.dedent("""
     import json, os, sys, time
     sys.path.insert(0, {here!r})
     import measuring
     journal, keys = sys.argv[1], json.load(open(sys.argv[2]))
+    serial = "--serial" in sys.argv[3:]
     measuring.append(journal, {{"event": "worker", "process_s": 0.0, "backend_s": 0.0}})
+    early = [text for text in keys if text.split("/")[1].startswith("ahead-")]
+    if early and not serial:
+        measuring.append(journal, {{"event": "ahead", "keys": early, "threads": 2}})
+        if any(text.split("/")[1] == "ahead-hang" for text in early):
+            time.sleep(3600)
+        if any(text.split("/")[1] == "ahead-raise" for text in early):
+            measuring.append(journal, {{"event": "ahead-failed", "reason": "CUDA_ERROR_X"}})
+            sys.exit(measuring.EXIT_AHEAD_FAILED)
+        measuring.append(journal, {{"event": "ahead-done", "seconds": 0.0}})
     for text in keys:
-        impl = text.split("/")[1]
+        impl = text.split("/")[1].removeprefix("ahead-")
         measuring.append(journal, {{"event": "start", "key": text}})
         if impl == "hang":
             time.sleep(3600)
@@ -115,7 +128,7 @@ FAKE_WORKER = textwrap.dedent("""
                                         "reason": "XlaRuntimeError: CUDA_ERROR_ILLEGAL_ADDRESS"}})
             sys.exit(measuring.EXIT_AFTER_FAILURE)
         measuring.append(journal, {{"event": "done", "key": text, "samples": [1e-3] * 10,
-                                    "stop": "pinned", "pid": os.getpid()}})
+                                    "stop": "pinned", "pid": os.getpid(), "serial": serial}})
 """)
 
 
@@ -148,6 +161,34 @@ def test_each_fault_costs_only_its_own_parameter_set(tmp_path: Path, fake_worker
     pids = {key[1]: records[key]["pid"] for key in _keys("a", "b", "c", "d")}
     assert len({pids["a"], pids["b"], pids["c"], pids["d"]}) == 4
     assert took < 15, f"the run took {took:.0f} s: the hang's limit was 2 s"
+
+
+@pytest.mark.item_limit(60)  # a supervisor that never goes serial restarts workers forever
+@pytest.mark.parametrize("fault", ["ahead-raise", "ahead-hang"])
+def test_a_fault_while_compiling_ahead_is_found_by_a_serial_worker(tmp_path: Path, fake_worker,
+                                                                   fault):
+    """The worker that compiled ahead cannot say whose the fault was: its replacement compiles
+    one parameter set at a time, and only the faulting one fails."""
+    keys = _keys("ahead-a", fault, "ahead-b", "c")
+    logged = []
+    started = time.monotonic()
+    records = measuring.ensure_measured(keys, tmp_path / "op.jsonl", worker_command=fake_worker,
+                                        limit=lambda key: 2.0, poll_s=0.05, log=logged.append)
+    assert time.monotonic() - started < 15
+    assert {key[1] for key, record in records.items() if record["event"] == "failed"} == {fault}
+    assert all(records[key]["event"] == "done" and records[key]["serial"]
+               for key in _keys("ahead-a", "ahead-b"))
+    reason = records[_keys(fault)[0]]["reason"]
+    assert ("CUDA_ERROR_ILLEGAL_ADDRESS" if fault == "ahead-raise" else "timed out") in reason
+    said = next(line for line in logged if "compiling ahead failed" in line)
+    assert ("CUDA_ERROR_X" if fault == "ahead-raise" else "still compiling ahead") in said
+
+
+def test_a_worker_compiles_ahead_unless_told_serial(tmp_path: Path, fake_worker):
+    records = measuring.ensure_measured(_keys("ahead-a", "ahead-b"), tmp_path / "op.jsonl",
+                                        worker_command=fake_worker, limit=lambda key: 30.0,
+                                        poll_s=0.05, log=lambda _: None)
+    assert not any(record["serial"] for record in records.values())
 
 
 def test_what_the_journal_holds_is_not_measured_again(tmp_path: Path, fake_worker):
@@ -187,3 +228,35 @@ def test_the_real_worker_measures_a_cpu_case(tmp_path: Path):
     worker = [e for e in measuring.read_journal(journal) if e["event"] == "worker"]
     assert len(worker) == 1 and worker[0]["backend_s"] > 0
     assert json.loads(journal.read_text().splitlines()[-1])["key"] == measuring.key_id(key)
+
+
+def test_the_real_worker_compiles_a_cases_jax_sets_ahead(tmp_path: Path):
+    journal = tmp_path / "softmax.jsonl"
+    keys = [("softmax", impl, "f32-64x1000", direction) for impl in ("xla", "pallas", "torch")
+            for direction in ("fwd", "bwd")]
+    records = measuring.ensure_measured(keys, journal, log=lambda _: None)
+    assert all(record["event"] == "done" for record in records.values()), records
+    entries = measuring.read_journal(journal)
+    ahead = [e for e in entries if e["event"] == "ahead"]
+    assert len(ahead) == 1 and set(ahead[0]["keys"]) == {
+        measuring.key_id(key) for key in keys if key[1] != "torch"}
+    events = [e["event"] for e in entries]
+    assert events.index("ahead-done") < events.index("start")  # compiled before any sample
+
+
+def _fake_measure(key, inputs, device, dashboard, ready=None):
+    if key[1] == "torch":
+        raise timing.NoKernel("CUPTI recorded no kernel for it: it launches none")
+    return {"samples": [1e-3] * 10, "phases": {}, "ready": ready is not None}
+
+
+def test_a_call_that_launches_no_kernel_is_skipped_and_the_worker_goes_on(tmp_path: Path,
+                                                                          monkeypatch):
+    monkeypatch.setattr(measuring, "_die_with_parent", lambda: None)
+    monkeypatch.setattr(measuring, "_measure", _fake_measure)
+    journal = tmp_path / "row_sum.jsonl"
+    keys = [("row_sum", impl, "f32-64x1000", "bwd") for impl in ("torch", "xla")]
+    assert measuring.worker(journal, keys, dashboard=False) == 0
+    records = measuring.final_records(measuring.read_journal(journal))
+    assert records[keys[0]]["event"] == "skipped" and "launches none" in records[keys[0]]["reason"]
+    assert records[keys[1]]["event"] == "done"

@@ -17,16 +17,27 @@ fire at its p < 0.002), then doubling batches until the 99% confidence interval 
 median is within `target` of it (`kernels.timing.median_halfwidth`), `max_samples` are
 taken, or `max_seconds` of sampling have passed.
 
+Compiling ahead: before a case is sampled, its JAX parameter sets (two or more) are prepared
+and compiled together on threads (XLA's compiler, Mosaic's and ptxas run without the GIL; on
+one H100 a cold compile was 70% of the whole gate, 2026-11-26), then sampled one at a time,
+so no compilation shares the GPU with a sample. torch and Triton kernels compile at their
+first call, as before.
+
 Faults are contained: the supervisor gives each parameter set a time limit that grows with
 its case's bytes; a worker that runs past it, dies (a segfault, an abort) or reports an
 exception (after which a CUDA context may be unusable) is replaced, the parameter set in
 flight is recorded as failed with a one-line reason, and the rest are measured by the new
-worker. The journal is appended and flushed line by line, so what was measured survives an
-interrupted run. Whether a parameter set can run on this machine is decided by the worker too
+worker (one stopped while compiling ahead is replaced by one that compiles serially, which
+finds the parameter set at fault). A call that launches no kernel (a view) is skipped. The
+journal is appended and flushed line by line, so what was measured survives an interrupted
+run. Whether a parameter set can run on this machine is decided by the worker too
 (`skipped`), so the benchmark processes never start a JAX backend or a CUDA context.
 
 Journal lines (JSON, one object each), read by `read_journal` and by `kernels.bench`:
   {"event": "worker", "pid", "process_s", "backend_s"}   a worker started and is ready
+  {"event": "ahead", "keys", "threads"}                   a case's JAX keys compile ahead
+  {"event": "ahead-done", "seconds"}                      ... and are compiled (wall time)
+  {"event": "ahead-failed", "reason"}                     ... or one raised: worker exits
   {"event": "start", "key"}                               a parameter set begins
   {"event": "done", "key", "samples", "method", "stop", "throttled", "peak_bytes",
    "launch_us", "roofline", "phases": {"inputs", "compile", "warmup", "sampling", "memory",
@@ -43,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import itertools
 import json
 import os
 import signal
@@ -65,6 +77,15 @@ ITEM_LIMIT_S = 120.0  # per parameter set: compile, warm-up, sampling, memory ..
 ITEM_LIMIT_S_PER_GB = 30.0  # ... plus this much per GB one call moves (large cases compile
 #                             and make inputs longer)
 LIMIT_VARIABLE = "KERNELPERF_ITEM_LIMIT_S"  # a fixed limit per parameter set, in seconds
+# Compiling ahead (see the module docstring): at most this many threads, "0" in this variable
+# turns it off. A worker that fails or is stopped while compiling ahead exits with
+# EXIT_AHEAD_FAILED (or is killed), and its replacement compiles serially, so that a fault is
+# charged to its own parameter set.
+AHEAD_VARIABLE = "KERNELPERF_COMPILE_AHEAD"
+AHEAD_THREADS = 8
+EXIT_AHEAD_FAILED = 4
+# Where a worker's journal says which parameter sets it compiles ahead.
+AHEAD = ("(compiling ahead)",) * 4
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -175,6 +196,12 @@ def _last_error_line(log: Path) -> str:
     return lines[-1][:300] if lines else ""
 
 
+def _last_ahead_failure(journal: Path) -> str:
+    reasons = [entry.get("reason", "") for entry in read_journal(journal)
+               if entry.get("event") == "ahead-failed"]
+    return reasons[-1] if reasons else "no reason given"
+
+
 def _describe_exit(code: int) -> str:
     if code < 0:
         try:
@@ -196,11 +223,14 @@ def ensure_measured(keys: Sequence[Key], journal: Path, *, dashboard: bool = Fal
 
     Workers are started until every key has a done or failed record: one that dies or runs
     past `limit(key)` has the key in flight recorded as failed, and the keys after it go to
-    a new worker. A worker that records nothing at all fails every key left (it could not
-    start: an import error, say), so the loop always ends.
+    a new worker. One that fails, dies or runs past its limit while compiling ahead is
+    replaced by a worker that compiles serially (`--serial`), which finds the key at fault.
+    A worker that records nothing at all fails every key left (it could not start: an import
+    error, say), so the loop always ends.
     """
     journal.parent.mkdir(parents=True, exist_ok=True)
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    serial = False
     while True:
         records = final_records(read_journal(journal))
         todo = [key for key in keys if key not in records]
@@ -210,7 +240,8 @@ def ensure_measured(keys: Sequence[Key], journal: Path, *, dashboard: bool = Fal
         keys_file.write_text(json.dumps([key_id(key) for key in todo]))
         stderr_log = journal.with_suffix(".stderr.log")
         command = [*(worker_command or [python, str(Path(__file__).resolve()), "worker"]),
-                   str(journal), str(keys_file), *(["--dashboard"] if dashboard else [])]
+                   str(journal), str(keys_file), *(["--dashboard"] if dashboard else []),
+                   *(["--serial"] if serial else [])]
         started = time.monotonic()
         with open(stderr_log, "a") as stderr:
             worker = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr,
@@ -222,7 +253,11 @@ def ensure_measured(keys: Sequence[Key], journal: Path, *, dashboard: bool = Fal
         if failure is None:
             continue
         key, reason = failure
-        if key is not None:
+        if key == AHEAD and not serial:
+            serial = True
+            log(f"kernelperf: compiling ahead failed ({reason}); its replacement compiles one "
+                f"parameter set at a time")
+        elif key not in (None, AHEAD):
             append(journal, {"event": "failed", "key": key_id(key), "reason": reason})
             log(f"kernelperf: {key_id(key)}: {reason}")
         elif not progressed:  # it could not even start: every key left fails for that reason
@@ -259,6 +294,13 @@ def _watch(worker: subprocess.Popen, journal: Path, limit: Callable[[Key], float
                 if event == "worker":
                     ready = True
                     since = time.monotonic()
+                elif event == "ahead":
+                    early = [parse_key(text) for text in entry["keys"]]
+                    rounds = -(-len(early) // max(1, entry.get("threads", 1)))
+                    in_flight, since = AHEAD, time.monotonic()
+                    allowed_now = rounds * max(limit(key) for key in early)
+                elif event == "ahead-done":
+                    in_flight, since = None, time.monotonic()
                 elif event == "start":
                     in_flight, since = parse_key(entry["key"]), time.monotonic()
                     allowed_now = limit(in_flight)
@@ -272,6 +314,8 @@ def _watch(worker: subprocess.Popen, journal: Path, limit: Callable[[Key], float
             if code is not None:
                 if code in (0, EXIT_AFTER_FAILURE) and in_flight is None:
                     return progressed, None
+                if code == EXIT_AHEAD_FAILED:
+                    return progressed, (AHEAD, _last_ahead_failure(journal))
                 why = _describe_exit(code)
                 detail = _last_error_line(stderr_log)
                 reason = f"worker {why}" + (f": {detail}" if detail else "")
@@ -282,7 +326,8 @@ def _watch(worker: subprocess.Popen, journal: Path, limit: Callable[[Key], float
                 else ITEM_LIMIT_S
             if waited > allowed:
                 _kill(worker)
-                what = "no result" if in_flight else "the worker did not go on"
+                what = "still compiling ahead" if in_flight == AHEAD else "no result" \
+                    if in_flight else "the worker did not go on"
                 return progressed, (in_flight, f"timed out: {what} after {waited:.0f} s "
                                                f"(limit {allowed:.0f} s)")
             time.sleep(poll_s)
@@ -336,8 +381,10 @@ def _backend_start(keys: Sequence[Key]) -> float:
     return time.perf_counter() - start
 
 
-def _measure(key: Key, inputs: tuple, device, dashboard: bool) -> dict:
-    """One parameter set, timed phase by phase."""
+def _measure(key: Key, inputs: tuple, device, dashboard: bool,
+             ready: tuple | None = None) -> dict:
+    """One parameter set, timed phase by phase; `ready`: its (compiled, jitted) timeables
+    when it was compiled ahead (its "compile" phase is then its first call only)."""
     from kernels import registry, timing
 
     op, impl_name, case_id, direction = key
@@ -352,7 +399,9 @@ def _measure(key: Key, inputs: tuple, device, dashboard: bool) -> dict:
         phases[name] = now - clock
         clock = now
 
-    timeable = timing.prepare(impl, case, direction=direction, inputs=inputs)
+    timeable, jitted = ready or (None, None)
+    if timeable is None:
+        timeable = jitted = timing.prepare(impl, case, direction=direction, inputs=inputs)
     sampler, method = timing.make_sampler(timeable, "cold", device)  # its first call compiles
     lap("compile")
     sampler.take(timing.WARMUP_CALLS)
@@ -366,11 +415,44 @@ def _measure(key: Key, inputs: tuple, device, dashboard: bool) -> dict:
     lap("memory")
     launch = roofline = None
     if dashboard:
-        launch = _launch_us(timing, timeable)
+        # The jitted function, as users call it: a compiled-ahead executable dispatches
+        # through another path.
+        launch = _launch_us(timing, jitted)
         roofline = _roofline(impl, case, direction, _median(samples), device)
     lap("launch")
     return {"samples": samples, "method": method, "stop": stop, "throttled": throttled,
             "peak_bytes": peak, "launch_us": launch, "roofline": roofline, "phases": phases}
+
+
+def _ahead_keys(keys: Sequence[Key]) -> list[Key]:
+    """The keys of one case worth compiling ahead: its JAX ones, when there are two or more
+    (torch and Triton kernels compile at their first call, and Triton's autotuner is not
+    made for threads)."""
+    from kernels import registry
+
+    jax_keys = [key for key in keys if registry.implementation(key[0], key[1]).framework == "jax"]
+    return jax_keys if len(jax_keys) > 1 else []
+
+
+def _compile_ahead(keys: Sequence[Key], inputs: tuple, threads: int) -> dict[Key, tuple]:
+    """Each key's (compiled, jitted) timeable, prepared and compiled on `threads` threads
+    (XLA's compiler, Mosaic's and ptxas run without the GIL); the first key's error, if any,
+    is raised once every thread has ended."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kernels import registry, timing
+
+    def one(key: Key) -> tuple:
+        op, impl_name, case_id, direction = key
+        jitted = timing.prepare(registry.implementation(op, impl_name),
+                                registry.operation(op).case(case_id), direction=direction,
+                                inputs=inputs)
+        compiled = jitted.fn.lower(*jitted.args).compile()
+        return dataclasses.replace(jitted, fn=compiled), jitted
+
+    with ThreadPoolExecutor(threads) as pool:
+        futures = [pool.submit(one, key) for key in keys]
+    return {key: future.result() for key, future in zip(keys, futures)}
 
 
 # Host launch cost is a dashboard number, never gated: a few samples of a few calls each (a
@@ -390,7 +472,9 @@ def _compiled_peak_bytes(timeable) -> float:
     temporaries - aliased, as kernels.guards.memory counts them) of the very program timed,
     read from the executable compiled for the samples (no second compilation); for a backward
     that is the pullback applied to its cotangent."""
-    analysis = timeable.fn.lower(*timeable.args).compile().memory_analysis()
+    fn = timeable.fn
+    compiled = fn if hasattr(fn, "memory_analysis") else fn.lower(*timeable.args).compile()
+    analysis = compiled.memory_analysis()
     return float(analysis.argument_size_in_bytes + analysis.output_size_in_bytes
                  + analysis.temp_size_in_bytes - analysis.alias_size_in_bytes)
 
@@ -414,15 +498,45 @@ def _one_line(error: BaseException) -> str:
     return first[:400]
 
 
-def worker(journal: Path, keys: Sequence[Key], dashboard: bool) -> int:
-    """Measure `keys` in order, one journal line per result; EXIT_AFTER_FAILURE after the
-    first exception (a fresh worker takes the rest)."""
+def _unrunnable(key: Key) -> str | None:
+    """Why this machine cannot run `key`, or None."""
+    from kernels import devices, registry
+
+    op, impl_name, case_id, direction = key
+    impl = registry.implementation(op, impl_name)
+    reason = devices.case_unavailable_reason(impl, registry.operation(op).case(case_id))
+    if reason is None and not registry.has_direction(impl, direction):
+        reason = "no backward"
+    return reason
+
+
+def _make_inputs(op: str, case_id: str) -> tuple[tuple, float]:
+    """A case's inputs (numpy, shared by every implementation) and the seconds they took."""
+    from kernels import checking, registry
+
+    start = time.perf_counter()
+    operation = registry.operation(op)
+    inputs = checking.make_inputs(operation, operation.case(case_id), 0, "normal")
+    return inputs, time.perf_counter() - start
+
+
+def _launches_no_kernel(error: BaseException) -> bool:
+    """The timed call launched nothing on the device (kernels.timing.NoKernel; an older
+    kernels said so only in the message): nothing to time, not a fault."""
+    return type(error).__name__ == "NoKernel" or "launches none" in str(error)
+
+
+def worker(journal: Path, keys: Sequence[Key], dashboard: bool, ahead: bool = True) -> int:
+    """Measure `keys` in order, one case at a time, one journal line per result; with `ahead`,
+    a case's JAX parameter sets are compiled together first. EXIT_AFTER_FAILURE after the
+    first exception while measuring (a fresh worker takes the rest), EXIT_AHEAD_FAILED after
+    one while compiling ahead (a fresh worker compiles serially)."""
     _die_with_parent()
     spawned = float(os.environ.get("KERNELPERF_SPAWNED_AT", time.time()))
     from kernels import environment
 
     environment.configure()
-    from kernels import checking, devices, fingerprint, registry
+    from kernels import fingerprint
 
     try:
         from kernels import compilation_cache
@@ -434,45 +548,61 @@ def worker(journal: Path, keys: Sequence[Key], dashboard: bool) -> int:
     device = fingerprint.fingerprint()
     append(journal, {"event": "worker", "pid": os.getpid(), "process_s": time.time() - spawned
                      - backend_s, "backend_s": backend_s, "t": time.time()})
-    made: tuple[str, str, tuple] | None = None  # (op, case id, inputs): one case at a time
-    for key in keys:
-        op, impl_name, case_id, direction = key
-        reason = devices.case_unavailable_reason(registry.implementation(op, impl_name),
-                                                 registry.operation(op).case(case_id))
-        if reason is None and not registry.has_direction(
-                registry.implementation(op, impl_name), direction):
-            reason = "no backward"
-        if reason:
-            append(journal, {"event": "skipped", "key": key_id(key), "reason": reason})
+    ahead = ahead and os.environ.get(AHEAD_VARIABLE, "") != "0"
+    for (op, case_id), group in itertools.groupby(keys, key=lambda key: (key[0], key[2])):
+        runnable = []
+        for key in group:
+            reason = _unrunnable(key)
+            if reason:
+                append(journal, {"event": "skipped", "key": key_id(key), "reason": reason})
+            else:
+                runnable.append(key)
+        if not runnable:
             continue
-        append(journal, {"event": "start", "key": key_id(key), "t": time.time()})
-        try:
-            inputs_s = 0.0
-            if made is None or made[:2] != (op, case_id):
-                made = None
-                gc.collect()
-                start = time.perf_counter()
-                operation = registry.operation(op)
-                made = (op, case_id, checking.make_inputs(operation, operation.case(case_id), 0,
-                                                           "normal"))
-                inputs_s = time.perf_counter() - start
-            record = _measure(key, made[2], device, dashboard)
-            record["phases"]["inputs"] = inputs_s
-        except Exception as error:  # noqa: BLE001 - any failure of the kernel is its record
-            append(journal, {"event": "failed", "key": key_id(key), "reason": _one_line(error),
-                             "t": time.time()})
-            return EXIT_AFTER_FAILURE
-        append(journal, {"event": "done", "key": key_id(key), "t": time.time(), **record})
         gc.collect()
+        inputs, inputs_s, ready = None, 0.0, {}
+        early = _ahead_keys(runnable) if ahead else []
+        if early:
+            threads = min(len(early), AHEAD_THREADS, os.cpu_count() or 1)
+            append(journal, {"event": "ahead", "keys": [key_id(key) for key in early],
+                             "threads": threads, "t": time.time()})
+            try:
+                inputs, inputs_s = _make_inputs(op, case_id)
+                start = time.perf_counter()
+                ready = _compile_ahead(early, inputs, threads)
+            except Exception as error:  # noqa: BLE001 - a fresh worker finds whose it is
+                append(journal, {"event": "ahead-failed", "reason": _one_line(error),
+                                 "t": time.time()})
+                return EXIT_AHEAD_FAILED
+            append(journal, {"event": "ahead-done", "seconds": time.perf_counter() - start,
+                             "t": time.time()})
+        for key in runnable:
+            append(journal, {"event": "start", "key": key_id(key), "t": time.time()})
+            try:
+                if inputs is None:
+                    inputs, inputs_s = _make_inputs(op, case_id)
+                record = _measure(key, inputs, device, dashboard, ready.pop(key, None))
+                record["phases"]["inputs"], inputs_s = inputs_s, 0.0
+            except Exception as error:  # noqa: BLE001 - any failure of the kernel is its record
+                if _launches_no_kernel(error):
+                    append(journal, {"event": "skipped", "key": key_id(key),
+                                     "reason": _one_line(error)})
+                    continue
+                append(journal, {"event": "failed", "key": key_id(key),
+                                 "reason": _one_line(error), "t": time.time()})
+                return EXIT_AFTER_FAILURE
+            append(journal, {"event": "done", "key": key_id(key), "t": time.time(), **record})
+            gc.collect()
     return 0
 
 
 def _main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[0] != "worker":
-        print("usage: measuring.py worker JOURNAL KEYS.json [--dashboard]", file=sys.stderr)
+        print("usage: measuring.py worker JOURNAL KEYS.json [--dashboard] [--serial]",
+              file=sys.stderr)
         return 2
     keys = [parse_key(text) for text in json.loads(Path(argv[2]).read_text())]
-    return worker(Path(argv[1]), keys, "--dashboard" in argv[3:])
+    return worker(Path(argv[1]), keys, "--dashboard" in argv[3:], "--serial" not in argv[3:])
 
 
 def _worker_environment() -> None:

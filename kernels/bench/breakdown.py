@@ -21,6 +21,7 @@ from kernels.core.tables import table
 # Phases in the order a parameter set passes through them (measuring.py's names).
 PHASES = ("inputs", "compile", "warmup", "sampling", "memory", "launch")
 LABELS = {"process": "worker process start (imports)", "backend": "backend start (JAX, torch)",
+          "ahead": "JAX compiled ahead, per case on threads (wall)",
           "inputs": "inputs (made once per case)", "compile": "compile and first call",
           "warmup": "warm-up", "sampling": "sampling", "memory": "compiled peak memory",
           "launch": "host launch cost (dashboard)"}
@@ -46,6 +47,8 @@ class Breakdown:
                 self.workers += 1
                 self._add("process", entry.get("process_s", 0.0))
                 self._add("backend", entry.get("backend_s", 0.0))
+            elif event == "ahead-done":
+                self._add("ahead", entry.get("seconds", 0.0))
             elif event == "done":
                 self.measured += 1
                 self.samples.append(len(entry.get("samples", ())))
@@ -64,7 +67,7 @@ class Breakdown:
     def render(self, wall_s: float | None) -> str:
         rows = []
         total = wall_s if wall_s else self.accounted
-        names = ["process", "backend", *PHASES]
+        names = ["process", "backend", "ahead", *PHASES]
         if wall_s:
             rows.append(["asv's own work (environments, installs, discovery, a process "
                          "per benchmark)", f"{max(0.0, wall_s - self.accounted):.1f}",

@@ -424,6 +424,11 @@ class _CudaEventSampler:
         return [start.elapsed_time(end) * 1e-3 for start, end in zip(starts, ends, strict=True)]
 
 
+class NoKernel(RuntimeError):
+    """The timed call launched no kernel (a view, a host-only call): nothing on the device to
+    time. The benchmarks record such a parameter set as skipped, not failed."""
+
+
 class _CuptiSampler:
     """Kernel time from CUPTI: per call, the sum of the durations of the kernels it launched.
 
@@ -473,7 +478,7 @@ class _CuptiSampler:
                 raise RuntimeError(f"CUPTI: expected the call to follow the flush's kernels "
                                    f"{self.flush_names}, got {[name for name, _ in kernels]}")
             if len(kernels) == skip:
-                raise RuntimeError(
+                raise NoKernel(
                     f"CUPTI recorded no kernel for {self.label}: it launches none (a "
                     f"device-to-device memcpy or a host-only call is no kernel to CUPTI); time "
                     f"it with KERNELPERF_TORCH_TIMER=cuda-events or on the host clock")
