@@ -452,7 +452,7 @@ def _compile_ahead(keys: Sequence[Key], inputs: tuple, threads: int) -> dict[Key
 
     with ThreadPoolExecutor(threads) as pool:
         futures = [pool.submit(one, key) for key in keys]
-    return {key: future.result() for key, future in zip(keys, futures)}
+    return {key: future.result() for key, future in zip(keys, futures, strict=True)}
 
 
 # Host launch cost is a dashboard number, never gated: a few samples of a few calls each (a
