@@ -122,9 +122,34 @@ def test_a_row_without_a_gap_needs_only_every_round_slower():
 def test_a_round_lost_on_one_side_leaves_the_first_pass_standing():
     """A measurement that failed (a crashed worker) disproves nothing: the rounds that have
     both sides are too few, so the row stays slower and says why."""
-    measure, _ = _recording({BASE: [1.0] * 3, HEAD: [1.0] * 3}, fail={(HEAD, 1)})
+    measure, _ = _recording({BASE: [1.0] * 3, HEAD: [1.02] * 3}, fail={(HEAD, 1)})
     out = _confirm([_row("slower")], measure)
     assert out[0].verdict == "slower" and "incomplete: 2 of 3" in out[0].confirmed
+
+
+def test_a_round_under_half_the_gap_settles_the_row_and_it_is_measured_no_more():
+    """An A/A run's chance flag costs one round: the first round reads it the same."""
+    lines = []
+    measure, calls = _recording({BASE: [1.0] * 3, HEAD: [1.003] * 3})
+    out = _confirm([_row("slower")], measure, log=lines.append)
+    assert [commit for commit, _ in calls] == [BASE, HEAD]
+    assert out[0].verdict == "same (not confirmed)" and "under half the gap" in out[0].confirmed
+    assert any("no more rounds" in line for line in lines)
+
+
+def test_only_the_rows_still_open_are_measured_in_later_rounds():
+    slow, chance = _row("slower"), _row("slower", ("'torch'", "'f32-64x1000'", "'fwd'"))
+    asked = []
+
+    def measure(commit, keys, journal):
+        asked.append((commit, sorted(key[1] for key in keys)))
+        head = commit == HEAD
+        return {key: {"event": "done", "samples": [1.02 if head and key[1] == "xla" else 1.0]}
+                for key in keys}
+    out = _confirm([slow, chance], measure)
+    assert asked[:2] == [(BASE, ["torch", "xla"]), (HEAD, ["torch", "xla"])]
+    assert all(keys == ["xla"] for _, keys in asked[2:]) and len(asked) == 6
+    assert [row.verdict for row in out] == ["slower", "same (not confirmed)"]
 
 
 def test_a_row_no_round_measured_stays_slower():

@@ -629,7 +629,7 @@ def test_a_backward_timeable_computes_the_vjp_of_the_seeded_cotangent(impl_name)
     case = op.case("f32-37x128")
     impl = registry.implementation("softmax", impl_name)
     (x,) = checking.make_inputs(op, case, 3, "normal")
-    cotangent = np.random.default_rng(3 + 1_000_003).standard_normal(x.shape).astype(np.float32)
+    cotangent = np.random.default_rng(3 + 1_000_003).standard_normal(x.shape, dtype=np.float32)
     _, pullback = jax.vjp(lambda a: jax.nn.softmax(a, axis=-1), x)
     backward = timing.prepare(impl, case, direction="bwd", seed=3)
     assert backward.label == f"softmax-{impl_name} {case.id} bwd"
@@ -641,6 +641,23 @@ def test_a_backward_timeable_computes_the_vjp_of_the_seeded_cotangent(impl_name)
     out = forward.fn(*forward.args)
     out = out.numpy() if impl_name == "torch" else np.asarray(out)
     np.testing.assert_allclose(out, jax.nn.softmax(x, axis=-1), rtol=1e-5, atol=1e-7)
+
+
+def test_every_backward_of_a_case_shares_one_read_only_cotangent():
+    """Drawn once per (shape, dtype, seed) and never written (each framework copies it to its
+    device): a 32768 x 4096 draw cost ~2 s per implementation."""
+    import numpy as np
+
+    from kernels.core import dtypes
+
+    first = timing._cotangent((64, 32), np.dtype("float32"), 5)
+    assert timing._cotangent((64, 32), np.dtype("float32"), 5) is first
+    assert not first.flags.writeable and first.dtype == np.float32
+    assert timing._cotangent((64, 32), np.dtype("float32"), 6) is not first
+    half = timing._cotangent((64, 32), dtypes.to_numpy("bf16"), 5)
+    assert half.dtype == dtypes.to_numpy("bf16")
+    np.testing.assert_array_equal(half.astype(np.float32), first.astype(dtypes.to_numpy("bf16"))
+                                  .astype(np.float32))
 
 
 def test_a_kernel_without_a_backward_cannot_be_timed_backward():

@@ -10,7 +10,9 @@ both commits are at hand at once, as asv's one environment per run cannot give).
 
 The slowdown stands only if every round reads the head slower than its base by more than
 half the row's gap and the rounds' geometric mean exceeds the whole gap; otherwise the row
-becomes "same (not confirmed)". A real regression shows in every round; a process or a spell
+becomes "same (not confirmed)". A parameter set that one round reads at or under half its
+gap is settled there and measured no more, so an A/A run's chance flags cost one round (two
+worker processes), not three. A real regression shows in every round; a process or a spell
 that happened to be slow shows in one. The per-round ratios go in the compare table.
 """
 
@@ -79,9 +81,13 @@ class Decision:
 
 def decide(ratios: Sequence[float], gap: float, rounds: int) -> Decision:
     """Confirmed when every one of `rounds` rounds reads the head slower by more than half
-    the gap and their geometric mean by more than the gap (a missing round confirms
-    nothing, so the first pass's verdict stands: see `confirm`)."""
+    the gap and their geometric mean by more than the gap. One round at or under half the gap
+    decides it (not confirmed), however many are missing; otherwise a missing round confirms
+    nothing, so the first pass's verdict stands (see `confirm`)."""
     shown = " ".join(f"{r:.3f}" for r in ratios)
+    if any(r <= 1 + gap / 2 for r in ratios) and len(ratios) < rounds:
+        return Decision(False, tuple(ratios), f"{shown} (a round under half the gap: "
+                                              f"not measured further)")
     if len(ratios) < rounds:
         return Decision(True, tuple(ratios), f"{shown} (re-measurement incomplete: "
                                              f"{len(ratios)} of {rounds} rounds)".strip())
@@ -109,18 +115,35 @@ def confirm(rows: list, base: str, head: str, *, rounds: int = ROUNDS,
     ops = class_names()
     keys = list(dict.fromkeys(key_of(row.benchmark, row.params, ops) for row in flagged))
     measure = measure or _measure_in_tree
+    gaps = {}
+    for row in flagged:
+        key = key_of(row.benchmark, row.params, ops)
+        gaps[key] = max(gaps.get(key, 0.0), row.gap or 0.0)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     log(f"confirming {len(flagged)} slower row(s): {rounds} interleaved round(s) of "
         f"{base[:8]} and {head[:8]}, {len(keys)} parameter set(s) each")
     started = time.monotonic()
-    medians: dict[str, dict[tuple, list[float]]] = {base: {}, head: {}}
+    # medians[commit][key][round]: a side that failed in a round leaves that round out.
+    medians: dict[str, dict[tuple, dict[int, float]]] = {base: {}, head: {}}
+    active = list(keys)
     for index in range(rounds):
         for commit in ((base, head) if index % 2 == 0 else (head, base)):
             journal = confirm_dir() / "journals" / stamp / f"round{index + 1}-{commit[:12]}.jsonl"
             log(f"  round {index + 1}: {commit[:8]}")
-            for key, record in measure(commit, keys, journal).items():
+            for key, record in measure(commit, active, journal).items():
                 if record.get("event") == "done":
-                    medians[commit].setdefault(key, []).append(_median(record["samples"]))
+                    medians[commit].setdefault(key, {})[index] = _median(record["samples"])
+        # A round at or under half the gap already decides (see decide): measure it no more.
+        settled = [key for key in active if index in medians[base].get(key, {})
+                   and index in medians[head].get(key, {})
+                   and medians[head][key][index] / medians[base][key][index]
+                   <= 1 + gaps[key] / 2]
+        active = [key for key in active if key not in settled]
+        if not active:
+            if index + 1 < rounds:
+                log(f"  every parameter set read under half its gap by round {index + 1}: "
+                    f"no more rounds")
+            break
     log(f"confirmation took {time.monotonic() - started:.0f} s")
     out = []
     for row in rows:
@@ -128,8 +151,10 @@ def confirm(rows: list, base: str, head: str, *, rounds: int = ROUNDS,
             out.append(row)
             continue
         key = key_of(row.benchmark, row.params, ops)
-        pairs = list(zip(medians[base].get(key, []), medians[head].get(key, []), strict=False))
-        decision = decide([h / b for b, h in pairs], row.gap or 0.0, rounds)
+        measured_base, measured_head = medians[base].get(key, {}), medians[head].get(key, {})
+        ratios = [measured_head[i] / measured_base[i] for i in sorted(measured_base)
+                  if i in measured_head]
+        decision = decide(ratios, row.gap or 0.0, rounds)
         out.append(dataclasses.replace(
             row, confirmed=decision.text,
             verdict=row.verdict if decision.confirmed else "same (not confirmed)"))
