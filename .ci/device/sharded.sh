@@ -63,7 +63,7 @@ COUNTS="2"; (( GPUS > 2 )) && COUNTS="2 $GPUS"
 MESHES="--mesh 1x2 --mesh 2x1"; (( GPUS >= 4 )) && MESHES="$MESHES --mesh 1x4 --mesh 2x2 --mesh 4x1"
 SCALE="1 2"; (( GPUS >= 4 )) && SCALE="1 2 4"
 
-step pytest 200 python3 -m pytest -m multi_gpu -q
+step pytest "${PYTEST_LIMIT:-200}" python3 -m pytest -m multi_gpu -q
 for n in $COUNTS; do
     step clock$n 40 python3 -m kernels.sharding.collectives --check-clock --bytes 256M \
         --devices "$n"
