@@ -51,7 +51,7 @@ def _fake(medians: dict[str, list[float]]):
     return measure, order
 
 
-def test_only_slower_time_rows_are_measured_again_and_rounds_alternate():
+def test_only_flagged_time_rows_are_measured_again_and_rounds_alternate():
     measure, order = _fake({"base": [1.0, 1.0, 1.0], "head": [1.02, 1.021, 1.019]})
     rows = [_row("slower"), _row("same", ("'torch'", "'f32-64x1000'", "'fwd'")),
             asv_tools.Row("benchmarks.Softmax.track_gbps", PARAMS, 1.0, 0.5, 0.5,
@@ -135,6 +135,21 @@ def test_a_round_under_half_the_gap_settles_the_row_and_it_is_measured_no_more()
     assert [commit for commit, _ in calls] == [BASE, HEAD]
     assert out[0].verdict == "same (not confirmed)" and "under half the gap" in out[0].confirmed
     assert any("no more rounds" in line for line in lines)
+
+
+@pytest.mark.parametrize(("head", "verdict"), [
+    ([0.97, 0.975, 0.97], "faster"),  # a real 3% speed-up, every round
+    ([0.97, 1.0, 0.97], "same (not confirmed)"),  # one fast process
+])
+def test_a_faster_row_is_confirmed_the_other_way(head, verdict):
+    """A chance reading must not pass for a speed-up either: a faster row stays faster only if
+    every round reads the head faster by half the gap and their mean by the whole gap; the
+    table keeps head/base."""
+    measure, calls = _recording({BASE: [1.0] * 3, HEAD: head})
+    row = asv_tools.Row(TIME, PARAMS, 1e-3, 0.97e-3, 0.97, "faster", gap=0.01)
+    out = _confirm([row], measure)
+    assert out[0].verdict == verdict and out[0].confirmed.startswith(f"{head[0]:.3f} ")
+    assert len(calls) == (6 if verdict == "faster" else 4)
 
 
 def test_only_the_rows_still_open_are_measured_in_later_rounds():

@@ -495,10 +495,10 @@ def run(base_rev: str, head_rev: str, *, machine: str, results_dir: str = ".asv/
         confirm_rounds: int = 0, json_path: str | None = None,
         base_since_ms: float | None = None) -> int:
     """Compare two commits' results on `machine` and print the verdict table; its exit status.
-    With `confirm_rounds`, every "slower" row is measured again in that many interleaved
-    rounds of base and head before it counts (kernels.bench.confirm). With `summary_md`, the
-    table is also appended to that file as Markdown (render_markdown; the pull-request
-    workflow passes $GITHUB_STEP_SUMMARY)."""
+    With `confirm_rounds`, every "slower" and "faster" row is measured again in that many
+    interleaved rounds of base and head before it counts (kernels.bench.confirm). With
+    `summary_md`, the table is also appended to that file as Markdown (render_markdown; the
+    pull-request workflow passes $GITHUB_STEP_SUMMARY)."""
     base_hash, head_hash = full_hash(base_rev), full_hash(head_rev)
     if base_hash == head_hash:
         return _same_commit(base_rev, head_rev, head_hash, machine, results_dir)
@@ -514,7 +514,7 @@ def run(base_rev: str, head_rev: str, *, machine: str, results_dir: str = ".asv/
             if key not in earlier and key not in unrecorded}
     floors = load_floors(machine, results_dir)
     rows = compare(base, head, min_gap, floors)
-    if confirm_rounds and any(row.verdict == "slower" for row in rows):
+    if confirm_rounds and any(row.verdict in ("slower", "faster") for row in rows):
         from kernels.bench import confirm
 
         rows = confirm.confirm(rows, base_hash, head_hash, rounds=confirm_rounds)

@@ -2,14 +2,16 @@
 
 A first pass (asv on the base, then on the head) can be fooled by what differs between two
 processes or two stretches of minutes: a throttled spell, a busy neighbour on a shared GPU,
-buffers placed differently. So each row the compare calls "slower" is measured again in
+buffers placed differently. So each row the compare calls "slower" (or "faster": a chance
+reading must not pass for a speed-up either) is measured again in
 `rounds` rounds of base and head alternately (B H, H B, B H, ...), every measurement a fresh
 worker process of the benchmark suite's own measuring code (perf_tests/measuring.py, this
 checkout's) over that commit's `kernels` (a `git archive` of the commit on PYTHONPATH, so
 both commits are at hand at once, as asv's one environment per run cannot give).
 
 The slowdown stands only if every round reads the head slower than its base by more than
-half the row's gap and the rounds' geometric mean exceeds the whole gap; otherwise the row
+half the row's gap and the rounds' geometric mean exceeds the whole gap (a speed-up, the same
+the other way); otherwise the row
 becomes "same (not confirmed)". A parameter set that one round reads at or under half its
 gap is settled there and measured no more, so an A/A run's chance flags cost one round (two
 worker processes), not three. A real regression shows in every round; a process or a spell
@@ -30,6 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 
 ROUNDS = 3
+CONFIRMED_VERDICTS = ("slower", "faster")  # the first pass's verdicts measured again
 ROOT_VARIABLE = "KERNELPERF_CONFIRM_DIR"  # where commit trees and journals go (.asv/confirm)
 
 
@@ -79,48 +82,60 @@ class Decision:
     text: str
 
 
-def decide(ratios: Sequence[float], gap: float, rounds: int) -> Decision:
-    """Confirmed when every one of `rounds` rounds reads the head slower by more than half
-    the gap and their geometric mean by more than the gap. One round at or under half the gap
-    decides it (not confirmed), however many are missing; otherwise a missing round confirms
-    nothing, so the first pass's verdict stands (see `confirm`)."""
-    shown = " ".join(f"{r:.3f}" for r in ratios)
+def decide(ratios: Sequence[float], gap: float, rounds: int, slower: bool = True) -> Decision:
+    """Confirmed when every one of `rounds` rounds (head / base) reads the head slower (or,
+    with `slower` False, faster) by more than half the gap and their geometric mean by more
+    than the gap. One round at or under half the gap decides it (not confirmed), however many
+    are missing; otherwise a missing round confirms nothing, so the first pass's verdict
+    stands (see `confirm`)."""
+    shown, given = " ".join(f"{r:.3f}" for r in ratios), tuple(ratios)
+    ratios = [r if slower else 1 / r for r in ratios]  # > 1: the change the first pass saw
     if any(r <= 1 + gap / 2 for r in ratios) and len(ratios) < rounds:
-        return Decision(False, tuple(ratios), f"{shown} (a round under half the gap: "
+        return Decision(False, given, f"{shown} (a round under half the gap: "
                                               f"not measured further)")
     if len(ratios) < rounds:
-        return Decision(True, tuple(ratios), f"{shown} (re-measurement incomplete: "
+        return Decision(True, given, f"{shown} (re-measurement incomplete: "
                                              f"{len(ratios)} of {rounds} rounds)".strip())
     mean = math.exp(statistics.fmean(math.log(r) for r in ratios))
     confirmed = min(ratios) > 1 + gap / 2 and mean > 1 + gap
-    return Decision(confirmed, tuple(ratios), f"{shown} (mean {mean:.3f})")
+    return Decision(confirmed, given, f"{shown} (mean {mean if slower else 1 / mean:.3f})")
 
 
 def _median(samples: Sequence[float]) -> float:
     return statistics.median(samples)
 
 
+def _change(base: float, head: float, slower: bool) -> float:
+    """The round's ratio the way the first pass read the row: > 1 where it held."""
+    return head / base if slower else base / head
+
+
 def confirm(rows: list, base: str, head: str, *, rounds: int = ROUNDS,
             log: Callable[[str], None] = _print, measure=None) -> list:
-    """`rows` with each "slower" time_ row measured again in `rounds` interleaved rounds of
-    base and head; a row not confirmed becomes "same (not confirmed)".
+    """`rows` with each "slower" and "faster" time_ row measured again in `rounds`
+    interleaved rounds of base and head; a row not confirmed becomes "same (not confirmed)"
+    (a faster row is confirmed as a slower one is, the other way: a chance reading must not
+    pass for a speed-up either).
 
     measure(commit, keys, journal) -> {key: record} takes one round's measurement of one
     commit (default: measuring.ensure_measured in a worker over the commit's source tree).
     """
-    flagged = [row for row in rows if row.verdict == "slower"
+    flagged = [row for row in rows if row.verdict in CONFIRMED_VERDICTS
                and row.benchmark.rsplit(".", 1)[-1].startswith("time_")]
     if not flagged or rounds < 1:
         return rows
     ops = class_names()
     keys = list(dict.fromkeys(key_of(row.benchmark, row.params, ops) for row in flagged))
     measure = measure or _measure_in_tree
-    gaps = {}
+    gaps, slower = {}, {}
     for row in flagged:
         key = key_of(row.benchmark, row.params, ops)
         gaps[key] = max(gaps.get(key, 0.0), row.gap or 0.0)
+        slower[key] = row.verdict == "slower"
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    log(f"confirming {len(flagged)} slower row(s): {rounds} interleaved round(s) of "
+    counts = ", ".join(f"{n} {word}" for word in CONFIRMED_VERDICTS
+                       if (n := sum(row.verdict == word for row in flagged)))
+    log(f"confirming {counts} row(s): {rounds} interleaved round(s) of "
         f"{base[:8]} and {head[:8]}, {len(keys)} parameter set(s) each")
     started = time.monotonic()
     # medians[commit][key][round]: a side that failed in a round leaves that round out.
@@ -136,8 +151,8 @@ def confirm(rows: list, base: str, head: str, *, rounds: int = ROUNDS,
         # A round at or under half the gap already decides (see decide): measure it no more.
         settled = [key for key in active if index in medians[base].get(key, {})
                    and index in medians[head].get(key, {})
-                   and medians[head][key][index] / medians[base][key][index]
-                   <= 1 + gaps[key] / 2]
+                   and _change(medians[base][key][index], medians[head][key][index],
+                               slower[key]) <= 1 + gaps[key] / 2]
         active = [key for key in active if key not in settled]
         if not active:
             if index + 1 < rounds:
@@ -154,7 +169,7 @@ def confirm(rows: list, base: str, head: str, *, rounds: int = ROUNDS,
         measured_base, measured_head = medians[base].get(key, {}), medians[head].get(key, {})
         ratios = [measured_head[i] / measured_base[i] for i in sorted(measured_base)
                   if i in measured_head]
-        decision = decide(ratios, row.gap or 0.0, rounds)
+        decision = decide(ratios, row.gap or 0.0, rounds, slower=row.verdict == "slower")
         out.append(dataclasses.replace(
             row, confirmed=decision.text,
             verdict=row.verdict if decision.confirmed else "same (not confirmed)"))
