@@ -19,9 +19,9 @@ taken, or `max_seconds` of sampling have passed.
 
 Compiling ahead: before a case is sampled, its JAX parameter sets (two or more) are prepared
 and compiled together on threads (XLA's compiler, Mosaic's and ptxas run without the GIL; on
-one H100 a cold compile was 70% of the whole gate, 2026-11-26), then sampled one at a time,
-so no compilation shares the GPU with a sample. torch and Triton kernels compile at their
-first call, as before.
+one H100 compiling was 72% of a cold commit's measuring, 2026-11-26), then sampled one at a
+time, so no compilation shares the GPU with a sample. torch and Triton kernels compile at
+their first call, as before.
 
 Faults are contained: the supervisor gives each parameter set a time limit that grows with
 its case's bytes; a worker that runs past it, dies (a segfault, an abort) or reports an
@@ -84,7 +84,7 @@ LIMIT_VARIABLE = "KERNELPERF_ITEM_LIMIT_S"  # a fixed limit per parameter set, i
 AHEAD_VARIABLE = "KERNELPERF_COMPILE_AHEAD"
 AHEAD_THREADS = 8
 EXIT_AHEAD_FAILED = 4
-# Where a worker's journal says which parameter sets it compiles ahead.
+# The supervisor's "parameter set in flight" while its worker compiles ahead.
 AHEAD = ("(compiling ahead)",) * 4
 
 
