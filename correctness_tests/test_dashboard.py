@@ -124,13 +124,6 @@ def _default_view_points(html: Path) -> dict[str, dict[str, int]]:
     return found
 
 
-def _records(machine_dir, benchmark: str) -> bool:
-    """Whether a shipped machine's results hold `benchmark` (the 4-GPU machine's hold only
-    the sharded operations)."""
-    return any(benchmark in json.loads(path.read_text())["results"]
-               for path in machine_dir.glob("*.json") if path.name != "machine.json")
-
-
 def test_local_run_keeps_every_shipped_result_in_view(local_run, tmp_path):
     """`make dashboard` after a local run: the local benchmark list was written by other
     benchmark code (another version) and names no dashboard metric; every shipped machine's
@@ -142,9 +135,9 @@ def test_local_run_keeps_every_shipped_result_in_view(local_run, tmp_path):
     assert GBPS not in listing, "a plain run lists no dashboard metric"
     listing[BENCHMARK]["version"] = "edited-here"  # as a local edit of the benchmark makes it
     (local / "benchmarks.json").write_text(json.dumps(listing))
-    shipped = sorted(p.name for p in dashboard.SHIPPED_RESULTS.iterdir()
-                     if (p / "machine.json").is_file() and _records(p, BENCHMARK))
+    shipped = dashboard.machines_with(dashboard.SHIPPED_RESULTS, BENCHMARK)
     assert shipped, "the repository ships GPU results"
+    assert "4x-nvidia-h100-80gb-hbm3" not in shipped  # it ships the sharded operations only
 
     combined = tmp_path / "combined"
     lines = dashboard.combine_results([dashboard.SHIPPED_RESULTS, local], combined)

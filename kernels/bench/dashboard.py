@@ -602,6 +602,17 @@ def benchmark_names(results_dir: str | os.PathLike) -> list[str]:
     return sorted(name for name, entry in listing.items() if isinstance(entry, dict))
 
 
+def machines_with(results_dir: str | os.PathLike, benchmark: str) -> list[str]:
+    """The machines of an asv results folder whose results hold `benchmark` (a 4-GPU
+    machine's shipped results hold only the sharded operations)."""
+    found = set()
+    for path in Path(results_dir).glob("*/*.json"):
+        if path.name != "machine.json" and benchmark in json.loads(path.read_text()).get(
+                "results", {}):
+            found.add(path.parent.name)
+    return sorted(found)
+
+
 class _Mistake(Exception):
     """A user's mistake on the command line: one line, exit 2."""
 
