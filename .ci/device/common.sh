@@ -15,3 +15,11 @@ if [ ! -d /tmp/repo ]; then
     git -C /tmp/repo config user.name device
 fi
 stamp() { echo "=== $(date +%T) $*"; }
+# An A/A gate from a fresh HOME (empty JAX, Triton and nvcc caches, no ~/.asv-machine.json):
+# in /tmp/repo, HEAD a README whitespace commit on main, on branch aa.
+fresh_aa() {
+    export HOME=/tmp/fresh-home && mkdir -p "$HOME"
+    cd /tmp/repo || exit 1
+    git checkout -q -b aa main
+    echo >> README.md && git commit -qam "A/A: README whitespace"
+}

@@ -3,10 +3,7 @@
 # whitespace commit on top of main (an A/A run). Prints asv's verdict, its exit status, the
 # wall time and the breakdown the asv plugin prints when asv exits.
 source .ci/device/common.sh
-export HOME=/tmp/fresh-home && mkdir -p "$HOME"
-cd /tmp/repo
-git checkout -q -b aa main
-echo >> README.md && git commit -qam "A/A: README whitespace"
+fresh_aa
 stamp asv continuous
 start=$(date +%s)
 timeout -s INT -k 20 ${BENCH_TIMEOUT:-500} python3 -m asv continuous main HEAD > "$OUT/asv.log" 2>&1

@@ -4,10 +4,7 @@
 # the time went and the smallest change each row can call; the asv results and the
 # measuring journals go to $OUT/results.tgz.
 source .ci/device/common.sh
-export HOME=/tmp/fresh-home && mkdir -p "$HOME"
-cd /tmp/repo
-git checkout -q -b aa main
-echo >> README.md && git commit -qam "A/A: README whitespace"
+fresh_aa
 stamp kernels bench
 start=$(date +%s)
 timeout ${BENCH_TIMEOUT:-560} python3 -m kernels bench --base main --json "$OUT/rows.json" \
