@@ -33,6 +33,24 @@ def test_phases_are_summed_over_parameter_sets_and_workers():
     assert found.samples == [10, 30]
 
 
+def test_compiling_ahead_counts_once_per_case_by_its_wall_time():
+    """A case's JAX parameter sets compile together on threads: the journal's wall time for
+    the batch is one phase of its own, beside each parameter set's first call."""
+    found = breakdown.Breakdown()
+    found.add([WORKER, {"event": "ahead", "keys": ["a", "b"], "threads": 2},
+               {"event": "ahead-done", "seconds": 4.0}, _done("a", 10, compile=0.5),
+               _done("b", 10, compile=0.5), {"event": "ahead-done", "seconds": 2.0},
+               {"event": "ahead-failed", "reason": "x"},
+               {"event": "ahead-done"}])  # a line without its time counts none
+    assert found.seconds["ahead"] == 6.0 and found.seconds["compile"] == 1.0
+    assert found.measured == 2 and found.failed == 0
+    text = found.render(wall_s=20.0)
+    row = next(line for line in text.splitlines() if line.startswith("JAX compiled ahead"))
+    assert row.split()[-2:] == ["6.0", "30%"]
+    asv_line = next(line for line in text.splitlines() if line.startswith("asv's own work"))
+    assert asv_line.split()[-2:] == ["9.0", "45%"]  # 20 - (1.5 + 2.5 + 6.0 + 1.0)
+
+
 def test_the_rest_of_the_wall_time_is_asvs_own_work():
     found = breakdown.Breakdown()
     found.add([WORKER, _done("a", 10, compile=6.0)])

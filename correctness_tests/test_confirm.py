@@ -31,6 +31,7 @@ KEY = ("softmax", "xla", "f32-64x1000", "fwd")
     ((1.004, 1.004, 1.045), False),  # a round under half the gap
     ((1.0055, 1.0055, 1.0055), False),  # every round over half the gap, the mean under it
     ((1.02, 1.02), True),  # a round missing: nothing was disproved, the first pass stands
+    ((1.0,), False),  # one round at the base's time decides, the others unmeasured
 ])
 def test_decide(ratios, confirmed):
     assert confirm.decide(ratios, gap=0.01, rounds=3).confirmed is confirmed
@@ -102,9 +103,10 @@ def _confirm(rows, measure, rounds=3, log=None):
 
 
 def test_the_ratio_is_head_over_base_whatever_the_base_reads():
-    measure, _ = _recording({BASE: [2e-3] * 3, HEAD: [2.04e-3] * 3})
+    measure, calls = _recording({BASE: [2e-3] * 3, HEAD: [2.04e-3] * 3})
     out = _confirm([_row("slower")], measure)
     assert out[0].verdict == "slower" and out[0].confirmed.startswith("1.020 1.020 1.020")
+    assert len(calls) == 6  # slower in every round: measured in every round
 
 
 def test_a_slowdown_under_half_the_rows_gap_in_every_round_is_not_confirmed():
@@ -114,15 +116,16 @@ def test_a_slowdown_under_half_the_rows_gap_in_every_round_is_not_confirmed():
 
 
 def test_a_row_without_a_gap_needs_only_every_round_slower():
-    measure, _ = _recording({BASE: [1.0] * 3, HEAD: [1.004] * 3})
+    measure, calls = _recording({BASE: [1.0] * 3, HEAD: [1.004] * 3})
     row = asv_tools.Row(TIME, PARAMS, 1e-3, 1.004e-3, 1.004, "slower")  # gap None
-    assert _confirm([row], measure)[0].verdict == "slower"
+    assert _confirm([row], measure)[0].verdict == "slower" and len(calls) == 6
 
 
-def test_a_round_lost_on_one_side_leaves_the_first_pass_standing():
+@pytest.mark.parametrize("lost", [0, 1])
+def test_a_round_lost_on_one_side_leaves_the_first_pass_standing(lost):
     """A measurement that failed (a crashed worker) disproves nothing: the rounds that have
-    both sides are too few, so the row stays slower and says why."""
-    measure, _ = _recording({BASE: [1.0] * 3, HEAD: [1.02] * 3}, fail={(HEAD, 1)})
+    both sides are too few, so the row stays slower and says why (the first round lost too)."""
+    measure, _ = _recording({BASE: [1.0] * 3, HEAD: [1.02] * 3}, fail={(HEAD, lost)})
     out = _confirm([_row("slower")], measure)
     assert out[0].verdict == "slower" and "incomplete: 2 of 3" in out[0].confirmed
 
@@ -130,11 +133,25 @@ def test_a_round_lost_on_one_side_leaves_the_first_pass_standing():
 def test_a_round_under_half_the_gap_settles_the_row_and_it_is_measured_no_more():
     """An A/A run's chance flag costs one round: the first round reads it the same."""
     lines = []
-    measure, calls = _recording({BASE: [1.0] * 3, HEAD: [1.003] * 3})
+    measure, calls = _recording({BASE: [1.0] * 3, HEAD: [1.004] * 3})
     out = _confirm([_row("slower")], measure, log=lines.append)
     assert [commit for commit, _ in calls] == [BASE, HEAD]
     assert out[0].verdict == "same (not confirmed)" and "under half the gap" in out[0].confirmed
-    assert any("no more rounds" in line for line in lines)
+    assert any("by round 1: no more rounds" in line for line in lines)
+
+
+@pytest.mark.parametrize(("head", "rounds", "calls", "said"), [
+    ([1.005] * 3, 3, 2, "by round 1"),  # exactly half the gap settles it
+    ([1.02, 1.0, 1.0], 3, 4, "by round 2"),
+    ([1.0], 1, 2, None),  # settled in the last round: nothing left to skip
+])
+def test_settling_says_when_rounds_are_skipped(head, rounds, calls, said):
+    lines = []
+    measure, made = _recording({BASE: [1.0] * 3, HEAD: head})
+    out = _confirm([_row("slower")], measure, rounds=rounds, log=lines.append)
+    assert len(made) == calls and out[0].verdict == "same (not confirmed)"
+    skipped = [line for line in lines if "no more rounds" in line]
+    assert (skipped == []) if said is None else (len(skipped) == 1 and said in skipped[0])
 
 
 @pytest.mark.parametrize(("head", "verdict"), [
@@ -150,6 +167,8 @@ def test_a_faster_row_is_confirmed_the_other_way(head, verdict):
     out = _confirm([row], measure)
     assert out[0].verdict == verdict and out[0].confirmed.startswith(f"{head[0]:.3f} ")
     assert len(calls) == (6 if verdict == "faster" else 4)
+    if verdict == "faster":
+        assert out[0].confirmed.endswith("(mean 0.972)")  # head/base, as the column says
 
 
 def test_only_the_rows_still_open_are_measured_in_later_rounds():
@@ -167,8 +186,9 @@ def test_only_the_rows_still_open_are_measured_in_later_rounds():
     assert [row.verdict for row in out] == ["slower", "same (not confirmed)"]
 
 
-def test_a_row_no_round_measured_stays_slower():
-    measure, _ = _recording({}, fail={(c, i) for c in (BASE, HEAD) for i in range(3)})
+@pytest.mark.parametrize("sides", [(BASE, HEAD), (HEAD,)])
+def test_a_row_no_round_measured_stays_slower(sides):
+    measure, _ = _recording({BASE: [1.0] * 3}, fail={(c, i) for c in sides for i in range(3)})
     out = _confirm([_row("slower")], measure)
     assert out[0].verdict == "slower" and "incomplete: 0 of 3" in out[0].confirmed
 
@@ -206,6 +226,12 @@ def test_the_log_names_each_round_and_commit_and_the_time_taken():
     text = "\n".join(lines)
     # commits by their 8-character short hash, as the compare's header names them
     assert f"of {BASE[:8]} and {HEAD[:8]}," in text and BASE[:9] not in text
+    assert "confirming 1 slower row(s):" in text
+    both = []
+    confirm.confirm([_row("slower"), _row("faster", ("'torch'", "'f32-64x1000'", "'fwd'"))],
+                    BASE, HEAD, rounds=1, measure=_recording({BASE: [1.0], HEAD: [1.0]})[0],
+                    log=both.append)
+    assert both[0].startswith("confirming 1 slower, 1 faster row(s):")
     rounds = [line.split() for line in lines if line.strip().startswith("round ")]
     assert [(words[1], words[2]) for words in rounds] == [
         (f"{i}:", commit[:8]) for i, commit in
@@ -225,11 +251,15 @@ def test_the_decision_keeps_its_ratios_and_says_why():
     assert done.ratios == (1.02, 1.03, 1.01) and "mean 1.020" in done.text
     short = confirm.decide((1.02, 1.03), gap=0.01, rounds=3)
     assert short.ratios == (1.02, 1.03) and "incomplete: 2 of 3 rounds" in short.text
+    settled = confirm.decide((1.0,), gap=0.01, rounds=3)
+    assert settled.ratios == (1.0,) and "under half the gap" in settled.text
+    assert "(mean 1.013)" in confirm.decide((1.0, 1.02, 1.02), gap=0.01, rounds=3).text
 
 
 def test_a_change_exactly_at_the_bar_is_not_beyond_it():
     # every round exactly at half the gap (1.005), the mean beyond it
     assert not confirm.decide((1.005, 1.02, 1.05), gap=0.01, rounds=3).confirmed
+    assert not confirm.decide((1.005,), gap=0.01, rounds=3).confirmed  # and when settling
     # every round beyond half the gap, the mean exactly at it (2.0 = 1 + 1.0)
     assert not confirm.decide((2.0, 2.0, 2.0), gap=1.0, rounds=3).confirmed
 

@@ -130,7 +130,7 @@ def confirm(rows: list, base: str, head: str, *, rounds: int = ROUNDS,
     gaps, slower = {}, {}
     for row in flagged:
         key = key_of(row.benchmark, row.params, ops)
-        gaps[key] = max(gaps.get(key, 0.0), row.gap or 0.0)
+        gaps[key] = row.gap or 0.0  # one time_ row per parameter set
         slower[key] = row.verdict == "slower"
     stamp = time.strftime("%Y%m%d-%H%M%S")
     counts = ", ".join(f"{n} {word}" for word in CONFIRMED_VERDICTS
