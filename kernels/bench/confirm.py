@@ -91,11 +91,11 @@ def decide(ratios: Sequence[float], gap: float, rounds: int, slower: bool = True
     shown, given = " ".join(f"{r:.3f}" for r in ratios), tuple(ratios)
     ratios = [r if slower else 1 / r for r in ratios]  # > 1: the change the first pass saw
     if any(r <= 1 + gap / 2 for r in ratios) and len(ratios) < rounds:
-        return Decision(False, given, f"{shown} (a round under half the gap: "
-                                              f"not measured further)")
+        return Decision(False, given,
+                        f"{shown} (a round under half the gap: not measured further)")
     if len(ratios) < rounds:
         return Decision(True, given, f"{shown} (re-measurement incomplete: "
-                                             f"{len(ratios)} of {rounds} rounds)".strip())
+                                     f"{len(ratios)} of {rounds} rounds)".strip())
     mean = math.exp(statistics.fmean(math.log(r) for r in ratios))
     confirmed = min(ratios) > 1 + gap / 2 and mean > 1 + gap
     return Decision(confirmed, given, f"{shown} (mean {mean if slower else 1 / mean:.3f})")
