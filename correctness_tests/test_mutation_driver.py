@@ -81,3 +81,37 @@ def test_a_target_that_mutated_nothing_fails_saying_so(monkeypatch, capsys):
     monkeypatch.setattr(mutation, "results", lambda work: {})
     assert mutation.main(["gate-breakdown"]) == 1
     assert "gate-breakdown: NO MUTANTS of kernels/bench/breakdown.py" in capsys.readouterr().out
+
+
+def test_recorded_results_are_dropped_when_anything_but_the_targets_modules_changes(
+        tmp_path, monkeypatch):
+    """mutmut retests a mutant only when its own function changed: a test added to kill a
+    survivor must make every mutant run again, a change to the target's module alone not."""
+    root = tmp_path / "root"
+    (root / "kernels").mkdir(parents=True)
+    (root / "correctness_tests").mkdir()
+    (root / "kernels" / "target.py").write_text("def f():\n    return 1\n")
+    (root / "kernels" / "other.py").write_text("X = 1\n")
+    (root / "correctness_tests" / "test_target.py").write_text("def test_f(): pass\n")
+    monkeypatch.setattr(mutation, "ROOT", root)
+    target = mutation.Target(name="t", modules=("kernels/target.py",),
+                             tests=("correctness_tests/test_target.py",))
+    work = tmp_path / "work"
+    meta = work / "mutants" / "kernels" / "target.py.meta"
+    meta.parent.mkdir(parents=True)
+    meta.write_text("{}")
+
+    def dropped() -> bool:
+        was = mutation._drop_stale_results(work, target)
+        assert was is not meta.exists()
+        meta.write_text("{}")
+        return was
+
+    assert not dropped()  # the first run: nothing to compare with
+    (root / "kernels" / "target.py").write_text("def f():\n    return 2\n")
+    assert not dropped()  # mutmut follows its own module's changes
+    (root / "correctness_tests" / "test_target.py").write_text("def test_f(): assert 1\n")
+    assert dropped()
+    (root / "kernels" / "other.py").write_text("X = 2\n")
+    assert dropped()
+    assert not dropped()  # nothing changed since

@@ -8,9 +8,11 @@ tests against each: a mutant the tests do not notice "survives", which means
 a bug of that shape would pass unseen. Each target runs in its own scratch
 copy of the tree under `.mutation/<target>/` (mutmut reads its settings from
 the working directory's pyproject.toml), so targets never share state, and a
-rerun only retests mutants whose code changed. The score is killed / (killed
-+ survived); mutants judged equivalent are listed in `EQUIVALENT` with a
-one-line reason and left out of it.
+rerun only retests mutants whose code changed, unless anything else in the tree
+did (a test, a module the target's tests import): then every mutant's recorded
+result is dropped and all run again (`_drop_stale_results`). The score is
+killed / (killed + survived); mutants judged equivalent are listed in
+`EQUIVALENT` with a one-line reason and left out of it.
 """
 
 from __future__ import annotations
@@ -339,10 +341,46 @@ def mutmut_paths(target: Target) -> tuple[list[str], list[str]]:
     return sources, [name for name in COPIED if name not in sources]
 
 
+def _tree_digest(target: Target) -> str:
+    """SHA-256 over every copied file but the target's own modules (whose mutants mutmut
+    tracks itself): the tests, the rest of `kernels` and what they read."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    own = {ROOT / module for module in target.modules}
+    for name in ("kernels", "correctness_tests", "perf_tests", "conftest.py", "asv.conf.json",
+                 "README.md", "pyproject.toml"):
+        top = ROOT / name
+        for path in sorted([top] if top.is_file() else top.rglob("*")):
+            if path.is_file() and path not in own and "__pycache__" not in path.parts \
+                    and path.suffix not in (".so", ".o", ".pyc"):
+                digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _drop_stale_results(work: pathlib.Path, target: Target) -> bool:
+    """Forget every mutant's recorded result (mutmut's mutants/**/*.meta) when anything but
+    the target's modules changed since they were recorded: mutmut retests only mutants whose
+    own function changed, so a test added to kill a survivor left it reported as surviving
+    (gate-confirm, 2026-11-27). True if results were dropped."""
+    stamp = work / "tree.sha256"
+    digest = _tree_digest(target)
+    stale = stamp.exists() and stamp.read_text() != digest
+    if stale:
+        for meta in (work / "mutants").rglob("*.meta"):
+            meta.unlink()
+    stamp.write_text(digest)
+    return stale
+
+
 def _prepare(target: Target) -> pathlib.Path:
-    """A scratch copy of the tree with a pyproject.toml that tells mutmut what to do."""
+    """A scratch copy of the tree with a pyproject.toml that tells mutmut what to do; the
+    results recorded there dropped if the tree around the target changed."""
     work = SCRATCH / target.name
     work.mkdir(parents=True, exist_ok=True)
+    if _drop_stale_results(work, target):
+        print(f"mutation: {target.name}: the tests or the code around the target changed; "
+              f"every mutant runs again", file=sys.stderr)
     for name in ("kernels", "correctness_tests", "perf_tests"):
         if (work / name).exists():
             shutil.rmtree(work / name)
