@@ -76,7 +76,8 @@ def test_every_targets_modules_lie_where_mutmut_mutates():
 def test_a_target_that_mutated_nothing_fails_saying_so(monkeypatch, capsys):
     """A target whose modules mutmut never mutated scored nothing and used to pass."""
     monkeypatch.setattr(mutation, "check_warmup", lambda: None)
-    monkeypatch.setattr(mutation, "_prepare", lambda target: mutation.SCRATCH / target.name)
+    monkeypatch.setattr(mutation, "_prepare",
+                        lambda target, **_: mutation.SCRATCH / target.name)
     monkeypatch.setattr(mutation, "_mutmut", lambda *args, **kwargs: None)
     monkeypatch.setattr(mutation, "results", lambda work: {})
     assert mutation.main(["gate-breakdown"]) == 1
@@ -115,3 +116,6 @@ def test_recorded_results_are_dropped_when_anything_but_the_targets_modules_chan
     (root / "kernels" / "other.py").write_text("X = 2\n")
     assert dropped()
     assert not dropped()  # nothing changed since
+    (root / "correctness_tests" / "test_target.py").write_text("def test_f(): assert 2\n")
+    assert not mutation._drop_stale_results(work, target, keep=True) and meta.exists()
+    assert not dropped()  # --rerun-survivors kept them, and the tree is stamped as seen

@@ -358,14 +358,15 @@ def _tree_digest(target: Target) -> str:
     return digest.hexdigest()
 
 
-def _drop_stale_results(work: pathlib.Path, target: Target) -> bool:
+def _drop_stale_results(work: pathlib.Path, target: Target, keep: bool = False) -> bool:
     """Forget every mutant's recorded result (mutmut's mutants/**/*.meta) when anything but
     the target's modules changed since they were recorded: mutmut retests only mutants whose
     own function changed, so a test added to kill a survivor left it reported as surviving
-    (gate-confirm, 2026-11-27). True if results were dropped."""
+    (gate-confirm, 2026-11-27). `keep` (--rerun-survivors: tests were added, what they
+    killed stays killed) keeps them. True if results were dropped."""
     stamp = work / "tree.sha256"
     digest = _tree_digest(target)
-    stale = stamp.exists() and stamp.read_text() != digest
+    stale = stamp.exists() and stamp.read_text() != digest and not keep
     if stale:
         for meta in (work / "mutants").rglob("*.meta"):
             meta.unlink()
@@ -373,12 +374,13 @@ def _drop_stale_results(work: pathlib.Path, target: Target) -> bool:
     return stale
 
 
-def _prepare(target: Target) -> pathlib.Path:
+def _prepare(target: Target, keep_results: bool = False) -> pathlib.Path:
     """A scratch copy of the tree with a pyproject.toml that tells mutmut what to do; the
-    results recorded there dropped if the tree around the target changed."""
+    results recorded there dropped if the tree around the target changed (unless
+    `keep_results`)."""
     work = SCRATCH / target.name
     work.mkdir(parents=True, exist_ok=True)
-    if _drop_stale_results(work, target):
+    if _drop_stale_results(work, target, keep=keep_results):
         print(f"mutation: {target.name}: the tests or the code around the target changed; "
               f"every mutant runs again", file=sys.stderr)
     for name in ("kernels", "correctness_tests", "perf_tests"):
@@ -674,7 +676,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
         else:
             start = time.monotonic()
-            work = _prepare(target)
+            work = _prepare(target, keep_results=args.rerun_survivors)
             names = target.globs
             if args.rerun_survivors:
                 names = tuple(name for name, status in results(work).items()
