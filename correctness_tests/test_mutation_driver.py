@@ -105,6 +105,7 @@ def test_recorded_results_are_dropped_when_anything_but_the_targets_modules_chan
     def dropped() -> bool:
         was = mutation._drop_stale_results(work, target)
         assert was is not meta.exists()
+        meta.parent.mkdir(parents=True, exist_ok=True)
         meta.write_text("{}")
         return was
 

@@ -359,7 +359,7 @@ def _tree_digest(target: Target) -> str:
 
 
 def _drop_stale_results(work: pathlib.Path, target: Target, keep: bool = False) -> bool:
-    """Forget every mutant's recorded result (mutmut's mutants/**/*.meta) when anything but
+    """Forget every mutant and its recorded result (mutmut's mutants/) when anything but
     the target's modules changed since they were recorded: mutmut retests only mutants whose
     own function changed, so a test added to kill a survivor left it reported as surviving
     (gate-confirm, 2026-11-27). `keep` (--rerun-survivors: tests were added, what they
@@ -367,9 +367,8 @@ def _drop_stale_results(work: pathlib.Path, target: Target, keep: bool = False) 
     stamp = work / "tree.sha256"
     digest = _tree_digest(target)
     stale = stamp.exists() and stamp.read_text() != digest and not keep
-    if stale:
-        for meta in (work / "mutants").rglob("*.meta"):
-            meta.unlink()
+    if stale:  # the mutated copies too: mutmut lists a module's mutants in its .meta
+        shutil.rmtree(work / "mutants", ignore_errors=True)
     stamp.write_text(digest)
     return stale
 
