@@ -497,8 +497,12 @@ def test_cases_are_built_from_dims_and_attention_flags():
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """CUPTI as a fake session; every flush a fake launch recording (bytes, wait); torch's
-    device wait a no-op. Yields (session, flushes)."""
+    device wait a no-op; a process that has recorded no device trace yet (after one, CUPTI
+    timers are not started: a device-clock test run earlier must not choose the sampler).
+    Yields (session, flushes)."""
     from kernels.core import compat
+
+    monkeypatch.setattr(timing, "_TRACED", False)
 
     session = FakeCuptiSession()
     flushes = []
