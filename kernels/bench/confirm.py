@@ -82,6 +82,11 @@ class Decision:
     text: str
 
 
+def _held(ratio: float, slower: bool) -> float:
+    """A round's head / base the way the first pass read the row: > 1 where its change held."""
+    return ratio if slower else 1 / ratio
+
+
 def decide(ratios: Sequence[float], gap: float, rounds: int, slower: bool = True) -> Decision:
     """Confirmed when every one of `rounds` rounds (head / base) reads the head slower (or,
     with `slower` False, faster) by more than half the gap and their geometric mean by more
@@ -89,7 +94,7 @@ def decide(ratios: Sequence[float], gap: float, rounds: int, slower: bool = True
     are missing; otherwise a missing round confirms nothing, so the first pass's verdict
     stands (see `confirm`)."""
     shown, given = " ".join(f"{r:.3f}" for r in ratios), tuple(ratios)
-    ratios = [r if slower else 1 / r for r in ratios]  # > 1: the change the first pass saw
+    ratios = [_held(r, slower) for r in ratios]
     if any(r <= 1 + gap / 2 for r in ratios) and len(ratios) < rounds:
         return Decision(False, given,
                         f"{shown} (a round under half the gap: not measured further)")
@@ -103,11 +108,6 @@ def decide(ratios: Sequence[float], gap: float, rounds: int, slower: bool = True
 
 def _median(samples: Sequence[float]) -> float:
     return statistics.median(samples)
-
-
-def _change(base: float, head: float, slower: bool) -> float:
-    """The round's ratio the way the first pass read the row: > 1 where it held."""
-    return head / base if slower else base / head
 
 
 def confirm(rows: list, base: str, head: str, *, rounds: int = ROUNDS,
@@ -151,8 +151,8 @@ def confirm(rows: list, base: str, head: str, *, rounds: int = ROUNDS,
         # A round at or under half the gap already decides (see decide): measure it no more.
         settled = [key for key in active if index in medians[base].get(key, {})
                    and index in medians[head].get(key, {})
-                   and _change(medians[base][key][index], medians[head][key][index],
-                               slower[key]) <= 1 + gaps[key] / 2]
+                   and _held(medians[head][key][index] / medians[base][key][index],
+                             slower[key]) <= 1 + gaps[key] / 2]
         active = [key for key in active if key not in settled]
         if not active:
             if index + 1 < rounds:

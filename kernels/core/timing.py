@@ -782,6 +782,14 @@ def torch_timer() -> str:
     return choice
 
 
+def _say(message: str) -> None:
+    """A clock fallback, said loudly: as a RuntimeWarning (pointing where the fallback's
+    warn_* function is called from) and on stderr, so that no warning filter or captured run
+    hides that the numbers are not device time."""
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
+    print(message, file=sys.stderr, flush=True)
+
+
 @functools.cache
 def _warn_no_cupti(framework: str, fallback: str) -> None:
     """Once per process and framework: loud, since the numbers are then not device time."""
@@ -789,8 +797,7 @@ def _warn_no_cupti(framework: str, fallback: str) -> None:
                f"through its Mosaic GPU extension): {framework} is timed by {fallback}, "
                f"which counts launch gaps; such results say method={fallback!r} and are not "
                f"compared with CUPTI ones")
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
-    print(message, file=sys.stderr, flush=True)
+    _say(message)
 
 
 def devices_of(args: Any, at_least: int = 1) -> list[Any]:
@@ -822,8 +829,7 @@ def _warn_traced(framework: str, fallback: str) -> None:
     message = (f"kernelperf: this process recorded a device trace, after which Mosaic's CUPTI "
                f"timer aborts it: {framework} is timed by {fallback}; such results say "
                f"method={fallback!r} and are not compared with CUPTI ones")
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
-    print(message, file=sys.stderr, flush=True)
+    _say(message)
 
 
 @functools.cache
@@ -832,8 +838,7 @@ def _warn_no_trace(reason: str) -> None:
     message = (f"kernelperf: no device trace ({reason}): work over several devices is timed "
                f"by the host clock, which counts dispatch; such results say "
                f"method='host-clock' and are not compared with 'device-span' ones")
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
-    print(message, file=sys.stderr, flush=True)
+    _say(message)
 
 
 CLOCKS = ("auto", "device-span")
