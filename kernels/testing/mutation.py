@@ -348,8 +348,7 @@ def _tree_digest(target: Target) -> str:
 
     digest = hashlib.sha256()
     own = {ROOT / module for module in target.modules}
-    for name in ("kernels", "correctness_tests", "perf_tests", "conftest.py", "asv.conf.json",
-                 "README.md", "pyproject.toml"):
+    for name in ("kernels", *COPIED, "pyproject.toml"):
         top = ROOT / name
         for path in sorted([top] if top.is_file() else top.rglob("*")):
             if path.is_file() and path not in own and "__pycache__" not in path.parts \
@@ -366,7 +365,9 @@ def _drop_stale_results(work: pathlib.Path, target: Target, keep: bool = False) 
     killed stays killed) keeps them. True if results were dropped."""
     stamp = work / "tree.sha256"
     digest = _tree_digest(target)
-    stale = stamp.exists() and stamp.read_text() != digest and not keep
+    # Results without a stamp come from a driver before this one: of an unknown tree.
+    recorded = (work / "mutants").is_dir()
+    stale = recorded and not keep and (not stamp.exists() or stamp.read_text() != digest)
     if stale:  # the mutated copies too: mutmut lists a module's mutants in its .meta
         shutil.rmtree(work / "mutants", ignore_errors=True)
     stamp.write_text(digest)
