@@ -94,6 +94,34 @@ def test_a_sharded_plant_takes_whole_rows_per_device_of_the_mesh(monkeypatch):
     assert calls == [(64, "4x2"), (8, "4x2"), (64, "1x2"), (2, "1x2"), (64, None), (1, None)]
 
 
+def test_a_sharded_jax_plant_keeps_its_work_on_the_devices_without_a_host_callback():
+    """A sharded case's clock spans its devices' kernels, so the one-device plant's host
+    callback (the stream waits on the host) read a 2% plant as 3-4x on 2 H100s. On the 4x2
+    mesh of host devices: the extra 8 of 64 rows are computed, nothing goes to the host, and
+    the result is the kernel's own."""
+    import jax
+
+    impl = registry.implementation("sharded_matmul", "collective")
+    case = registry.operation("sharded_matmul").case("f32-64x32x48-mesh4x2")
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal(s, dtype=np.float32) for s in ((64, 48), (48, 32)))
+    args = impl.place(case, (a, b))
+
+    def compiled(fn):
+        lowered = jax.jit(lambda *xs: fn(*xs, **case.kwargs)).lower(*args)
+        analysis = lowered.compile().cost_analysis()
+        analysis = analysis[0] if isinstance(analysis, list) else analysis
+        return lowered.as_text(), analysis["flops"]
+
+    _, base_flops = compiled(impl.fn)
+    with planted("sharded_matmul", "collective", 0.02) as slowed:
+        text, slow_flops = compiled(slowed.fn)
+        out = np.asarray(jax.jit(lambda *xs: slowed.fn(*xs, **case.kwargs))(*args))
+    assert "callback" not in text.lower()
+    assert slow_flops >= (1 + 8 / 64) * base_flops * 0.98
+    np.testing.assert_allclose(out, np.asarray(impl.fn(*args, **case.kwargs)), rtol=1e-6)
+
+
 def test_plants_land_in_the_kernels_own_module():
     assert str(registry.module_path("softmax", "cuda")) == "kernels/ops/softmax/cuda.py"
     assert str(registry.module_path("softmax", "pallas")) == "kernels/ops/softmax/pallas.py"
