@@ -177,7 +177,11 @@ def plant_source(op: str, impl: str, fraction: float, framework: str) -> str:
         "        if rows >= x.shape[0] > step:\n"
         "            # Every row again is the call itself, which XLA merges with it.\n"
         "            rows = x.shape[0] - step\n"
-        "        extra = inner(x[:rows], *args, **kwargs)\n"
+        "        # Each device's own leading rows: the leading rows of the whole array would\n"
+        "        # first be moved between devices (a 2% plant read 1.29-1.36x on 2 H100s).\n"
+        "        blocks = x.reshape(step, x.shape[0] // step, *x.shape[1:])\n"
+        "        local = blocks[:, :rows // step].reshape(rows, *x.shape[1:])\n"
+        "        extra = inner(local, *args, **kwargs)\n"
         + "".join("    " + line + "\n" for line in keep.splitlines()) +
         "        return out\n\n"
         "    registry._IMPLEMENTATIONS[key] = _dataclasses.replace(\n"
