@@ -526,16 +526,15 @@ def test_bad_drill_settings_are_refused_before_any_clone(flags, match):
 
 
 @pytest.mark.slow
-def test_the_drill_contains_an_abort_in_pytest_and_in_asv_on_a_cpu():
-    """The drill end to end on a CPU, narrowed to one fault: it plants the abort in softmax-xla
-    in a scratch clone of HEAD (committed code only), runs pytest and asv against it, and
-    finds both contained."""
+def test_the_drill_contains_an_abort_in_asv_on_a_cpu():
+    """The drill end to end on a CPU, narrowed to one fault and to asv: it plants the abort in
+    softmax-xla in a scratch clone of HEAD (committed code only), runs asv against it, and
+    finds it contained. Its pytest half is the README's `fault-drill --faults abort --tools
+    pytest`, which the README check runs (exit 1 unless contained); pytest's containment of an
+    abort beside the real implementations is the issue's test above."""
     lines: list[str] = []
-    settings = drill.Settings(platform="cpu", faults=("abort",))
+    settings = drill.Settings(platform="cpu", faults=("abort",), tools=("asv",))
     assert drill.main_flow(settings, source=ROOT, log=lines.append) == 0, "\n".join(lines)
     printed = "\n".join(lines).splitlines()
     rows = [line.split() for line in printed if line.startswith("abort ")]
-    assert [row[1] for row in rows] == ["pytest", "asv"]
-    assert all(row[2:5] == (["2/2", "0", "6/6"] if row[1] == "pytest" else ["1/1", "0", "1/1"])
-               for row in rows), "\n".join(lines)
-    assert any("crash in softmax-xla f32-37x128" in line for line in printed)
+    assert [row[1:5] for row in rows] == [["asv", "1/1", "0", "1/1"]], "\n".join(lines)
