@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 
 import numpy as np
 import pytest
@@ -193,6 +194,17 @@ def test_asv_marks_a_row_worse_by_its_own_test():
     assert not gate.asv_marks_worse(base, slower, 1.1)
     assert not gate.asv_marks_worse(slower, base, 1.05)  # a speed-up is not worse
     assert not gate.asv_marks_worse(base, None, 1.05)
+    assert not gate.asv_marks_worse(fakes.asv_result([]), slower, 1.05)  # no value: no mark
+
+
+def test_asv_marks_only_what_its_statistics_tell_apart():
+    """The medians differ by more than the factor, the samples overlap: asv's test (what
+    `asv continuous` marks) says nothing, though the ratio alone would."""
+    rng = np.random.default_rng(1)
+    base = fakes.asv_result(list(1e-3 * (1 + 0.2 * rng.standard_normal(20))))
+    head = fakes.asv_result(list(base.value * 1.04 * (1 + 0.2 * rng.standard_normal(20))))
+    assert head.value / base.value > 1.02
+    assert not gate.asv_marks_worse(base, head, 1.02)
 
 
 def test_bad_settings_are_refused_before_any_clone():
@@ -206,3 +218,48 @@ def test_bad_settings_are_refused_before_any_clone():
         gate.Settings(sizes=(5.0,))
     with pytest.raises(ValueError, match=r"factor: expected a finite number > 1"):
         gate.Settings(factor=1.0)
+
+
+@pytest.mark.parametrize("field, value, refused", [
+    ("sizes", (0.0,), True), ("sizes", (1.0,), True), ("sizes", (1.5,), True),
+    ("sizes", (0.999,), False), ("sizes", (1e-3, 0.5), False),
+    ("trials", -1, True), ("trials", 0, False),
+    ("aa_trials", -1, True), ("aa_trials", 0, False),
+    ("confirm_rounds", -1, True), ("confirm_rounds", 0, False),
+    ("factor", math.inf, True), ("factor", math.nan, True), ("factor", 1.0, True),
+    ("factor", 1.001, False),
+])
+def test_each_setting_takes_its_whole_documented_range_and_nothing_past_it(field, value,
+                                                                           refused):
+    """Sizes are fractions in (0, 1); trial and round counts are >= 0 (0 skips that part);
+    the factor is a finite number > 1. A refusal names the setting."""
+    if refused:
+        with pytest.raises(ValueError, match=rf"(^|, ){field}[:,]"):
+            gate.Settings(**{field: value})
+    else:
+        assert getattr(gate.Settings(**{field: value}), field) == value
+
+
+@pytest.mark.parametrize("trials, aa_trials, speedup", [(0, 0, False), (1, 0, False),
+                                                        (0, 1, False), (0, 0, True)])
+def test_a_run_needs_something_to_run_and_any_one_part_is_enough(trials, aa_trials, speedup):
+    settings = dict(trials=trials, aa_trials=aa_trials, speedup=speedup)
+    if not (trials or aa_trials or speedup):
+        with pytest.raises(ValueError, match=r"^trials, aa_trials, speedup: expected something"
+                                             r" to run, got no plant trial, no A/A trial and "
+                                             r"no speedup$"):
+            gate.Settings(**settings)
+    else:
+        assert gate.Settings(**settings).trials == trials
+
+
+def test_a_torch_plant_needs_no_jax(monkeypatch):
+    """A torch kernel's scratch clone may run where JAX is missing: its plant imports none."""
+    import sys
+
+    import torch
+
+    monkeypatch.setitem(sys.modules, "jax", None)  # `import jax` raises ImportError
+    with planted("softmax", "torch", 0.5) as slowed:
+        out = slowed.fn(torch.randn(8, 4))
+    torch.testing.assert_close(out.sum(-1), torch.ones(8))

@@ -145,6 +145,10 @@ TARGETS = (
     Target(name="gate-measuring", modules=("perf_tests/measuring.py",),
            tests=("correctness_tests/test_measuring.py", "-k", "not real_worker"),
            isolation="fork"),
+    # gate-power (2026-11-27): the planted slowdowns' text, the settings, the trial verdicts
+    # and the report that fails a run; its clone-and-run flow drives asv on a GPU.
+    Target(name="gate-power", modules=("kernels/bench/gate.py",),
+           tests=("correctness_tests/test_gate.py",)),  # forkserver: its tests run JAX
     Target(name="gate-breakdown", modules=("kernels/bench/breakdown.py",
                                            "kernels/core/journals.py"),
            tests=("correctness_tests/test_breakdown.py",), isolation="fork",
@@ -282,6 +286,11 @@ EQUIVALENT: dict[str, str] = {
     "kernels.bench.confirm.x_key_of__mutmut_8":
         "strip('XX\\'XX') also strips capital X: no implementation, case or direction has one "
         "at an end",
+    **{f"kernels.bench.gate.x_plant_source__mutmut_{n}":
+       "the case of a comment line in the planted text: Python skips it"
+       for n in (24, 25, 41, 68, 69, 73, 74, 76, 77)},
+    **{f"kernels.bench.gate.x__print__mutmut_{n}":
+       "print's flush: when a line reaches a pipe, not what it says" for n in (2, 4, 5)},
     **{f"kernels.bench.confirm.x__print__mutmut_{n}":
        "print's flush: when a line reaches a pipe, not what it says" for n in (2, 4, 5)},
     **{f"kernels.bench.asv_tools.x_compare__mutmut_{n}":
