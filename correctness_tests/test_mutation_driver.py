@@ -84,6 +84,22 @@ def test_a_target_that_mutated_nothing_fails_saying_so(monkeypatch, capsys):
     assert "gate-breakdown: NO MUTANTS of kernels/bench/breakdown.py" in capsys.readouterr().out
 
 
+def test_a_failed_clean_run_gives_no_score(monkeypatch, capsys):
+    """mutmut exits 1 both when mutants survive and when the tests fail unmutated; the
+    results an earlier run left were then printed as this run's score."""
+    monkeypatch.setattr(mutation, "check_warmup", lambda: None)
+    monkeypatch.setattr(mutation, "_prepare",
+                        lambda target, **_: mutation.SCRATCH / target.name)
+    monkeypatch.setattr(mutation, "_mutmut",
+                        lambda *args, **kwargs: f"    done\n{mutation.CLEAN_RUN_FAILED}\n")
+    earlier = {f"kernels.bench.confirm.x_decide__mutmut_{n}": "killed" for n in range(1, 9)}
+    monkeypatch.setattr(mutation, "results", lambda work: earlier)
+    assert mutation.main(["gate-confirm"]) == 1
+    out = capsys.readouterr().out
+    assert "gate-confirm: NO SCORE: mutmut's clean run" in out
+    assert "killed" not in out
+
+
 def test_recorded_results_are_dropped_when_anything_but_the_targets_modules_changes(
         tmp_path, monkeypatch):
     """mutmut retests a mutant only when its own function changed: a test added to kill a

@@ -459,15 +459,33 @@ def _existing(tests: tuple[str, ...]) -> list[str]:
     return kept
 
 
+# What mutmut prints when the selected tests fail with no mutant active (it then exits 1,
+# as it does when mutants survive).
+CLEAN_RUN_FAILED = "Failed to run clean test"
+
+
 def _mutmut(work: pathlib.Path, *args: str, capture: bool = False) -> str:
+    """mutmut's output; shown as it comes unless `capture` (its spinner rewrites a line)."""
     command = [sys.executable, "-m", "mutmut", *args]
     env = dict(os.environ, PYTHONPATH=str(work / "mutants"))
-    done = subprocess.run(command, cwd=work, env=env, text=True, check=False,
-                          capture_output=capture)
-    if done.returncode not in (0, 1) or (capture and not done.stdout and done.stderr):
-        raise RuntimeError(f"{' '.join(command)} in {work} exited {done.returncode}: "
-                           f"{(done.stderr or '')[-2000:]}")
-    return done.stdout or ""
+    if capture:
+        done = subprocess.run(command, cwd=work, env=env, text=True, check=False,
+                              capture_output=True)
+        returncode, output, errors = done.returncode, done.stdout, done.stderr
+    else:
+        process = subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT)
+        chunks = []
+        for chunk in iter(lambda: process.stdout.read1(4096), b""):
+            chunks.append(chunk)
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.flush()
+        returncode = process.wait()
+        output = errors = b"".join(chunks).decode(errors="replace")
+    if returncode not in (0, 1) or (capture and not output and errors):
+        raise RuntimeError(f"{' '.join(command)} in {work} exited {returncode}: "
+                           f"{(errors or '')[-2000:]}")
+    return output or ""
 
 
 def results(work: pathlib.Path) -> dict[str, str]:
@@ -691,9 +709,18 @@ def main(argv: list[str] | None = None) -> int:
                 names = tuple(name for name, status in results(work).items()
                               if status not in KILLED
                               and any(fnmatch.fnmatchcase(name, g) for g in target.globs))
-            if names:
-                _mutmut(work, "run", "--max-children", str(args.max_children), *names)
+            output = _mutmut(work, "run", "--max-children", str(args.max_children),
+                             *names) if names else ""
             minutes = (time.monotonic() - start) / 60
+            if CLEAN_RUN_FAILED in (output or ""):
+                # mutmut stops before any mutant; the results left from an earlier run would
+                # read as this run's score.
+                print(f"{target.name}: NO SCORE: mutmut's clean run (the target's tests on "
+                      f"unmutated code, in {work}) failed; its output is above. Run the tests "
+                      f"({' '.join(target.tests)}), or `rm -rf {work}` and run the target "
+                      f"again", flush=True)
+                failed = True
+                continue
         statuses = results(work)
         text = text_survivors(target, work, statuses)
         modules = score(target, statuses, text)
