@@ -171,6 +171,56 @@ def test_report_fails_on_a_missed_plant_a_false_positive_or_a_speedup_read_as_sl
         assert gate.report(outcomes, settings, plants, lines.append) == 1, (index, key, bad)
 
 
+def test_the_report_lists_every_verdict_a_reader_acts_on_and_names_each_failure():
+    """Each listed row says what changed, in which trial, what both gates marked and what it
+    means; a quiet unplanted control is counted but not listed; a kernel that failed on the
+    head is as wrong in an A/A or a speed-up trial as a slowdown."""
+    import re
+
+    settings = gate.Settings(families=("xla",), ops=("softmax",))
+    plants = tuple(p for p in gate.PLANTS if (p.op, p.impl) == XLA)
+    outcomes = [
+        ("A/A", 0.0, _outcome("A/A 1", {XLA: _row(1.001, "same"), CONTROL: _row(1.0, "same")})),
+        ("plant", 0.02, _outcome("+2% trial 1", {XLA: _row(1.021, "slower", 0.004),
+                                                 CONTROL: _row(1.03, "slower")})),
+        ("plant", 0.03, _outcome("+3% trial 1", {XLA: _row(1.011, "same")})),
+        ("speed-up", 0.02, _outcome("-2%", {XLA: _row(None, "FAILED on head", None)})),
+        ("A/A", 0.0, _outcome("A/A 2", {XLA: _row(1.0, "FAILED on head", None)})),
+    ]
+    lines = []
+    assert gate.report(outcomes, settings, plants, lines.append) == 1
+    text = "\n".join(lines).splitlines()
+    header = re.split(r"\s{2,}", text[0].strip())
+    assert header == ["family", "implementation", "change", "trial", "head/base", "gap",
+                      "re-measured", "kernels bench", "asv -f 1.02", "asv 1.1", "result"]
+    rows = [re.split(r"\s{2,}", line.strip()) for line in text[2:]
+            if line.startswith(("xla ", "- "))]
+    assert rows == [
+        ["xla", "softmax-xla", "A/A", "A/A 1", "1.001", "1.0%", "-", "same", ".", ".",
+         "ok (same)"],
+        ["-", "softmax-torch", "control", "+2% trial 1", "1.030", "1.0%", "-", "slower", "+",
+         ".", "FALSE POSITIVE"],
+        ["xla", "softmax-xla", "+2%", "+2% trial 1", "1.021", "0.4%", "-", "slower", "+", ".",
+         "caught"],
+        ["xla", "softmax-xla", "+3%", "+3% trial 1", "1.011", "1.0%", "-", "same", ".", ".",
+         "MISSED"],
+        ["xla", "softmax-xla", "-2%", "-2%", "-", "-", "-", "FAILED on head", ".", ".",
+         "READ AS REGRESSION"],
+        ["xla", "softmax-xla", "A/A", "A/A 2", "1.000", "-", "-", "FAILED on head", ".", ".",
+         "FALSE POSITIVE"],
+    ]
+    assert "A/A and unplanted controls: 2 false positive(s) in 4 benchmark rows" in text
+    assert text[-1] == ("gate-power: FAILED for +2% trial 1 softmax-torch, +3% trial 1 "
+                        "softmax-xla, -2% softmax-xla, A/A 2 softmax-xla")
+
+    quiet = [outcomes[0], ("plant", 0.02, _outcome("+2% trial 1", {XLA: _row(1.02, "slower")}))]
+    lines = []
+    assert gate.report(quiet, settings, plants, lines.append) == 0
+    assert lines[-1] == ("gate-power: every plant caught, no false positive, no speed-up read "
+                         "as a regression")
+    assert "A/A and unplanted controls: 0 false positive(s) in 2 benchmark rows" in lines
+
+
 def test_plants_cover_every_family_in_two_operations_or_more():
     by_family = {}
     for plant in gate.PLANTS:
