@@ -309,6 +309,7 @@ def test_a_torch_plant_needs_no_jax(monkeypatch):
 
     import torch
 
+    registry.load()  # with JAX importable: the registry's own modules need it
     monkeypatch.setitem(sys.modules, "jax", None)  # `import jax` raises ImportError
     with planted("softmax", "torch", 0.5) as slowed:
         out = slowed.fn(torch.randn(8, 4))

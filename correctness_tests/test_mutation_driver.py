@@ -78,7 +78,7 @@ def test_a_target_that_mutated_nothing_fails_saying_so(monkeypatch, capsys):
     monkeypatch.setattr(mutation, "check_warmup", lambda: None)
     monkeypatch.setattr(mutation, "_prepare",
                         lambda target, **_: mutation.SCRATCH / target.name)
-    monkeypatch.setattr(mutation, "_mutmut", lambda *args, **kwargs: None)
+    monkeypatch.setattr(mutation, "_mutmut", lambda *args, **kwargs: "")
     monkeypatch.setattr(mutation, "results", lambda work: {})
     assert mutation.main(["gate-breakdown"]) == 1
     assert "gate-breakdown: NO MUTANTS of kernels/bench/breakdown.py" in capsys.readouterr().out

@@ -132,18 +132,34 @@ class Settings:
         return tuple(p for p in PLANTS if p.family in self.families and p.op in self.ops)
 
 
+# A sharded JAX plant's extra result, kept by adding its sum to one output element.
+_TIE = (
+    "def _kernelperf_tie(out, extra):\n"
+    "    import jax\n"
+    "    import jax.numpy as jnp\n"
+    "    zero = jax.lax.optimization_barrier(jnp.zeros((), jnp.float32))\n"
+    "    total = sum(jnp.sum(leaf.astype(jnp.float32)) for leaf in jax.tree.leaves(extra))\n"
+    "    leaves, tree = jax.tree.flatten(out)\n"
+    "    first = jnp.asarray(leaves[0])\n"
+    "    # 0 whatever the sum (never 0 * inf), yet the sum stays needed.\n"
+    "    nothing = jnp.where(zero > 0, total, 0.0).astype(first.dtype)\n"
+    "    leaves[0] = first.at[(0,) * first.ndim].add(nothing)\n"
+    "    return jax.tree.unflatten(tree, leaves)\n\n\n")
+
+
 def plant_source(op: str, impl: str, fraction: float, framework: str) -> str:
     """Python appended to `impl`'s module: every call also runs the kernel on the first
-    `fraction` of the rows (for a sharded case, rounded up to whole rows per device of its
-    mesh: the operation takes only rows the mesh divides), and never all of them (XLA merged
-    a whole second call with the first: a 100% plant cost nothing). For JAX on one device the
-    extra result is handed to a host callback, an effect XLA must keep (an optimization
-    barrier's unused outputs are pruned, seen with jax 0.10.2); the callback's copy to the
-    host is a memcpy, which CUPTI's kernel time leaves out, so only the extra kernel work is
-    timed. A sharded case is timed by its devices' spans, which the callback's wait on the
-    host would stretch (a 2% plant read 3.1-4.0x on 2 H100s, 2026-11-27), so there the extra
-    result's sum is added to one output element through a zero XLA cannot see through (from
-    an optimization barrier): a reduction and a scalar exchange, no host round trip."""
+    `fraction` of the rows (for a sharded case, of each device's block of rows, rounded up to
+    whole rows per device of its mesh: the operation takes only rows the mesh divides), and
+    never all of them (XLA merged a whole second call with the first: a 100% plant cost
+    nothing). For JAX on one device the extra result is handed to a host callback, an effect
+    XLA must keep (an optimization barrier's unused outputs are pruned, seen with jax
+    0.10.2); the callback's copy to the host is a memcpy, which CUPTI's kernel time leaves
+    out, so only the extra kernel work is timed. A sharded case is timed by its devices'
+    spans, which the callback's wait on the host would stretch (a 2% plant read 3.1-4.0x on
+    2 H100s, 2026-11-27), so there `_TIE` adds the extra result's sum to one output element
+    through a zero XLA cannot see through (from an optimization barrier): a reduction and a
+    scalar exchange, no host round trip."""
     keep = ("    import jax\n"
             "    if mesh is None:\n"
             "        jax.debug.callback(lambda rows: None, extra)\n"
@@ -153,17 +169,7 @@ def plant_source(op: str, impl: str, fraction: float, framework: str) -> str:
     return (
         "\n\n# Planted by `python -m kernels gate-power` in a scratch clone; never committed to\n"
         f"# the package. Each call also recomputes {fraction:.1%} of the rows.\n"
-        "def _kernelperf_tie(out, extra):\n"
-        "    import jax\n"
-        "    import jax.numpy as jnp\n"
-        "    zero = jax.lax.optimization_barrier(jnp.zeros((), jnp.float32))\n"
-        "    total = sum(jnp.sum(leaf.astype(jnp.float32)) for leaf in jax.tree.leaves(extra))\n"
-        "    leaves, tree = jax.tree.flatten(out)\n"
-        "    first = jnp.asarray(leaves[0])\n"
-        "    # 0 whatever the sum (never 0 * inf), yet the sum stays needed.\n"
-        "    nothing = jnp.where(zero > 0, total, 0.0).astype(first.dtype)\n"
-        "    leaves[0] = first.at[(0,) * first.ndim].add(nothing)\n"
-        "    return jax.tree.unflatten(tree, leaves)\n\n\n"
+        + (_TIE if framework == "jax" else "") +
         "def _kernelperf_planted_slowdown():\n"
         "    import dataclasses as _dataclasses\n"
         f"    key = ({op!r}, {impl!r})\n"
