@@ -380,6 +380,11 @@ def test_every_cpu_command_in_the_readme_runs(tmp_path):
                        silence, outcome if ok else f"FAILED {outcome}"))
         print(f"readme-check:   {seconds:.0f} s, silent at most {silence}, "
               f"{'ok' if ok else 'FAILED'}: {outcome}"[:400], flush=True)
+        if status == "1" and command.text in VERDICTS:
+            # What led to the verdict (a gate's table), kept in the check's own output: the
+            # command's log goes with pytest's temporary folder.
+            print("\n".join(f"    | {line}" for line in run.output.strip().splitlines()[-12:]),
+                  flush=True)
         if not ok:
             failures.append(f"{command.text}: {outcome}")
     untracked = subprocess.run(["git", "-C", str(clone), "status", "--porcelain"],
