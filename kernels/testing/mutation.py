@@ -143,8 +143,7 @@ TARGETS = (
     Target(name="gate-confirm", modules=("kernels/bench/confirm.py",),
            tests=("correctness_tests/test_confirm.py",), isolation="fork"),
     Target(name="gate-measuring", modules=("perf_tests/measuring.py",),
-           tests=("correctness_tests/test_measuring.py", "-k", "not real_worker"),
-           isolation="fork"),
+           tests=("correctness_tests/test_measuring.py", "-k", "not real_worker")),
     # gate-power (2026-11-27): the planted slowdowns' text, the settings, the trial verdicts
     # and the report that fails a run; its clone-and-run flow drives asv on a GPU.
     Target(name="gate-power", modules=("kernels/bench/gate.py",),
