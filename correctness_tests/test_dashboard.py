@@ -152,10 +152,9 @@ def test_local_run_keeps_every_shipped_result_in_view(local_run, tmp_path):
     assert facts.hidden_empty >= 0 and all(points for _, points in facts.series), facts
     assert set(facts.legend) == {label for label, _ in facts.series}, facts
     # The commit axis names commits: each shipped result's commit is a tick.
-    commits = {json.loads(path.read_text())["commit_hash"][:8]
-               for path in dashboard.SHIPPED_RESULTS.glob("*/*.json")
-               if path.name != "machine.json" and BENCHMARK in json.loads(path.read_text())[
-                   "results"]}
+    commits = {result["commit_hash"][:8]
+               for result in dashboard.result_files(dashboard.SHIPPED_RESULTS).values()
+               if BENCHMARK in result["results"]}
     assert commits <= set(facts.tick_labels), facts.tick_labels
     # Device time in us or ms (on a log scale when a CPU's milliseconds sit beside a GPU's
     # microseconds), never asv's "microseconds" with e-notation ticks.

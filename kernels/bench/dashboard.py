@@ -354,8 +354,7 @@ def combine_results(sources: list[str | os.PathLike], into: str | os.PathLike, *
                     _merge_entry(merged, name, entry)
     # Every result file of every machine: the parameters it holds, and per (machine,
     # benchmark) the version of the newest run.
-    files = {path: json.loads(path.read_text()) for path in sorted(into.glob("*/*.json"))
-             if path.name != "machine.json"}
+    files = result_files(into)
     newest: dict[tuple[str, str], tuple[float, str]] = {}
     unlisted: set[str] = set()
     for path, result in files.items():
@@ -602,15 +601,19 @@ def benchmark_names(results_dir: str | os.PathLike) -> list[str]:
     return sorted(name for name, entry in listing.items() if isinstance(entry, dict))
 
 
+def result_files(results_dir: str | os.PathLike) -> dict[Path, dict]:
+    """Every result file of every machine in an asv results folder (<machine>/<commit>-...
+    .json, not machine.json), read, in path order."""
+    return {path: json.loads(path.read_text())
+            for path in sorted(Path(results_dir).glob("*/*.json"))
+            if path.name != "machine.json"}
+
+
 def machines_with(results_dir: str | os.PathLike, benchmark: str) -> list[str]:
-    """The machines of an asv results folder whose results hold `benchmark` (a 4-GPU
+    """The machines of an asv results folder whose results hold `benchmark` (a multi-GPU
     machine's shipped results hold only the sharded operations)."""
-    found = set()
-    for path in Path(results_dir).glob("*/*.json"):
-        if path.name != "machine.json" and benchmark in json.loads(path.read_text()).get(
-                "results", {}):
-            found.add(path.parent.name)
-    return sorted(found)
+    return sorted({path.parent.name for path, result in result_files(results_dir).items()
+                   if benchmark in result.get("results", {})})
 
 
 class _Mistake(Exception):
