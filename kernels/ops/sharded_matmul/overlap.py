@@ -11,6 +11,9 @@ Per mesh, the variants (the same product and layouts, spec.py's):
   collective-bidir        the ring with half of each block going each way
   collective-lhs          the one-way ring compiled with XLA's latency-hiding scheduler
   xla                     jnp.matmul partitioned by XLA's SPMD partitioner
+  xla-windowed            the same with XLA's best flags for overlap (xla.WINDOWED_OPTIONS:
+                          its own collective matmul, "windowed einsum", multi-streamed, under
+                          the latency-hiding scheduler)
   all-gather-then-matmul  the all-gather, then the product: nothing overlapped
   mosaic                  JAX's Mosaic GPU all_gather_lhs_matmul (mosaic.py; bf16/f16 on 1xN
                           meshes over every GPU, else skipped with the reason)
@@ -112,6 +115,7 @@ def variants(mesh_shape: str, dtype: str, m: int, n: int, k: int):
         ("collective-lhs", jax.jit(collective.ring(mesh_shape),
                                    compiler_options={LATENCY_HIDING_OPTION: True}), "sharded"),
         ("xla", xla.partitioned(mesh_shape), "sharded"),
+        ("xla-windowed", xla.partitioned(mesh_shape, windowed=True), "sharded"),
         ("all-gather-then-matmul", collective.gather_then_multiply(mesh_shape), "sharded"),
         ("mosaic", mosaic_reason or mosaic.build(mesh_shape, config,
                                                  jax.numpy.dtype(_np_dtype(dtype)).name),
