@@ -157,6 +157,7 @@ def test_scaling_reports_strong_and_weak_rows_with_efficiency(monkeypatch, capsy
             strong = by_key[(impl.id, "strong", n, f"f32-16x8x16x32-mesh{mesh}")]
             weak = by_key[(impl.id, "weak", n, f"f32-{2 * n}x8x16x32-mesh{mesh}")]
             for row in (strong, weak):
+                assert row[5] != "skipped:", " ".join(row)  # with its reason
                 ms, single_ms = float(row[5]), float(row[6])
                 speedup = float(row[7].rstrip("x"))
                 expected = single_ms / ms * (n if row is weak else 1)
@@ -285,17 +286,38 @@ def test_bidirectional_ring_matches_reference(mesh):
 def test_windowed_xla_baseline_matches_reference(mesh):
     """XLA's best flags for overlap (its own collective matmul) change the schedule, not the
     product or its layout: the overlap script's xla-windowed row is the same matmul. (Forward
-    only: compiler options are refused on a jit nested in a vjp.)"""
+    only: compiler options are refused on a jit nested in a vjp. Full f32 precision: on a GPU
+    the default is TF32, 1e-3 off.)"""
     if meshes.unavailable_reason(mesh):
         pytest.skip(meshes.unavailable_reason(mesh))
     fn = xla.partitioned(mesh, windowed=True)
     assert fn is not xla.partitioned(mesh)
     _, _, (a, b) = placed(matmul_spec.NAME, "xla", mesh, {"m": 64, "n": 32, "k": 48})
-    out = fn(a, b)
+    with jax.default_matmul_precision("highest"):
+        out = fn(a, b)
     assert out.sharding.is_equivalent_to(
         jax.sharding.NamedSharding(meshes.make_mesh(mesh), matmul_spec.C_SPEC), out.ndim)
     expected = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
     np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_mesh("1x2")
+def test_overlap_script_leaves_a_wrong_variant_out_of_its_table(monkeypatch, capsys):
+    from kernels.ops.sharded_matmul import overlap
+
+    right = overlap.variants
+
+    def with_a_wrong_one(mesh_shape, *args):
+        found = right(mesh_shape, *args)
+        name, fn, which = next(v for v in found if v[0] == "xla")
+        return found + [("xla-doubled", jax.jit(lambda a, b: 2 * fn(a, b)), which)]
+
+    monkeypatch.setattr(overlap, "variants", with_a_wrong_one)
+    monkeypatch.setenv("KERNELPERF_TIME_BUDGET", "0.02")
+    rows = overlap.run(16, 8, 8, ["1x2"], "f32")
+    assert [r["variant"] for r in rows if r["variant"].startswith("xla")] == ["xla",
+                                                                              "xla-windowed"]
+    assert "1x2 xla-doubled: WRONG, not timed: relative error 1 " in capsys.readouterr().err
 
 
 def _gathered_body(config, dtype):

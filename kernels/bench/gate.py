@@ -50,13 +50,21 @@ FAMILIES = ("pallas", "triton", "cuda", "xla", "sharded")
 @dataclasses.dataclass(frozen=True)
 class Plant:
     """Where one family's slowdown is planted: an implementation of an operation, on one of its
-    cases per platform; `scale` rows recomputed per unit of slowdown wanted."""
+    cases per platform; `scale` rows recomputed per unit of slowdown wanted. `site`: for a
+    sharded implementation, the function of its module that computes on one device's data
+    (first argument: rows), which the plant wraps instead of the registered function."""
 
     family: str
     op: str
     impl: str
     case: dict[str, str]  # platform ("gpu", "cpu") -> case id
     scale: float = 1.0
+    site: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.family == "sharded") != (self.site is not None):
+            raise ValueError(f"site: expected a per-device function for a sharded plant and "
+                             f"none otherwise, got {self.site!r} for family {self.family!r}")
 
 
 _SOFTMAX = {"gpu": "f32-32768x4096", "cpu": "f32-64x1000"}
@@ -81,7 +89,7 @@ PLANTS = (
     Plant("xla", "matmul", "xla", _MATMUL),
     Plant("cuda", "row_sum", "cuda", _ROW_SUM),
     Plant("xla", "row_sum", "xla", _ROW_SUM),
-    Plant("sharded", "sharded_matmul", "collective", _SHARDED_MATMUL),
+    Plant("sharded", "sharded_matmul", "collective", _SHARDED_MATMUL, site="_local_product"),
 )
 OPS = tuple(dict.fromkeys(plant.op for plant in PLANTS))
 DEFAULT_SIZES = (0.02, 0.03)
@@ -132,67 +140,72 @@ class Settings:
         return tuple(p for p in PLANTS if p.family in self.families and p.op in self.ops)
 
 
-# A sharded JAX plant's extra result, kept by adding its sum to one output element.
+# A JAX plant's extra result inside a sharded kernel, kept by adding its sum to one element of
+# the kernel's own output.
 _TIE = (
     "def _kernelperf_tie(out, extra):\n"
     "    import jax\n"
     "    import jax.numpy as jnp\n"
     "    zero = jax.lax.optimization_barrier(jnp.zeros((), jnp.float32))\n"
-    "    total = sum(jnp.sum(leaf.astype(jnp.float32)) for leaf in jax.tree.leaves(extra))\n"
-    "    leaves, tree = jax.tree.flatten(out)\n"
-    "    first = jnp.asarray(leaves[0])\n"
+    "    total = jnp.sum(extra.astype(jnp.float32))\n"
     "    # 0 whatever the sum (never 0 * inf), yet the sum stays needed.\n"
-    "    nothing = jnp.where(zero > 0, total, 0.0).astype(first.dtype)\n"
-    "    leaves[0] = first.at[(0,) * first.ndim].add(nothing)\n"
-    "    return jax.tree.unflatten(tree, leaves)\n\n\n")
+    "    nothing = jnp.where(zero > 0, total, 0.0).astype(out.dtype)\n"
+    "    return out.at[(0,) * out.ndim].add(nothing)\n\n\n")
 
 
-def plant_source(op: str, impl: str, fraction: float, framework: str) -> str:
+def plant_source(op: str, impl: str, fraction: float, framework: str,
+                 site: str | None = None) -> str:
     """Python appended to `impl`'s module: every call also runs the kernel on the first
-    `fraction` of the rows (for a sharded case, of each device's block of rows, rounded up to
-    whole rows per device of its mesh: the operation takes only rows the mesh divides), and
-    never all of them (XLA merged a whole second call with the first: a 100% plant cost
-    nothing). For JAX on one device the extra result is handed to a host callback, an effect
-    XLA must keep (an optimization barrier's unused outputs are pruned, seen with jax
-    0.10.2); the callback's copy to the host is a memcpy, which CUPTI's kernel time leaves
-    out, so only the extra kernel work is timed. A sharded case is timed by its devices'
-    spans, which the callback's wait on the host would stretch (a 2% plant read 3.1-4.0x on
-    2 H100s, 2026-11-27), so there `_TIE` adds the extra result's sum to one output element
-    through a zero XLA cannot see through (from an optimization barrier): a reduction and a
-    scalar exchange, no host round trip."""
-    keep = ("    import jax\n"
-            "    if mesh is None:\n"
+    `fraction` of the rows, and never all of them (XLA merged a whole second call with the
+    first: a 100% plant cost nothing). For JAX the extra result is handed to a host callback,
+    an effect XLA must keep (an optimization barrier's unused outputs are pruned, seen with jax
+    0.10.2); the callback's copy to the host is a memcpy, which CUPTI's kernel time leaves out,
+    so only the extra kernel work is timed.
+
+    With `site` (a sharded kernel), the function of that name in the module, which computes on
+    one device's data inside the kernel, is wrapped instead: each of its calls also computes on
+    the first `fraction` of its rows, and `_TIE` keeps that result (its sum added to one output
+    element through a zero XLA cannot see through): no host round trip and no exchange
+    between devices, which a sharded case's clock, its devices' spans, would also time. Around
+    the whole kernel, the extra call's own exchanges cost their fixed latency whatever its rows
+    (a 2% plant read 1.22x on 2 of 4 H100s, 2026-11-27), and a callback's wait on the host
+    stretched the spans (3.1-4.0x on 2 H100s)."""
+    head = ("\n\n# Planted by `python -m kernels gate-power` in a scratch clone; never committed "
+            f"to\n# the package. Each call also recomputes {fraction:.1%} of the rows.\n")
+    cut = (f"        rows = max(1, int(x.shape[0] * {fraction!r}))\n"
+           "        if rows >= x.shape[0] > 1:\n"
+           "            # Every row again is the call itself, which XLA merges with it.\n"
+           "            rows = x.shape[0] - 1\n")
+    if site is not None:
+        if framework != "jax":
+            raise ValueError(f"site: a per-device site is planted in JAX kernels only, got "
+                             f"{site!r} in a {framework} implementation")
+        return (head + _TIE +
+                "def _kernelperf_planted_slowdown():\n"
+                f"    inner = globals()[{site!r}]\n\n"
+                "    def planted(x, *args, **kwargs):\n"
+                "        out = inner(x, *args, **kwargs)\n"
+                + cut +
+                "        return _kernelperf_tie(out, inner(x[:rows], *args, **kwargs))\n\n"
+                f"    globals()[{site!r}] = planted\n\n\n"
+                "_kernelperf_planted_slowdown()\n")
+    keep = ("        import jax\n"
             "        jax.debug.callback(lambda rows: None, extra)\n"
-            "    else:\n"
-            "        out = _kernelperf_tie(out, extra)\n"
-            if framework == "jax" else "    del extra\n")
-    return (
-        "\n\n# Planted by `python -m kernels gate-power` in a scratch clone; never committed to\n"
-        f"# the package. Each call also recomputes {fraction:.1%} of the rows.\n"
-        + (_TIE if framework == "jax" else "") +
-        "def _kernelperf_planted_slowdown():\n"
-        "    import dataclasses as _dataclasses\n"
-        f"    key = ({op!r}, {impl!r})\n"
-        "    inner = registry._IMPLEMENTATIONS[key].fn\n\n"
-        "    def planted(x, *args, **kwargs):\n"
-        "        out = inner(x, *args, **kwargs)\n"
-        f"        rows = max(1, int(x.shape[0] * {fraction!r}))\n"
-        "        mesh = kwargs.get('mesh')\n"
-        "        step = registry.mesh_size(mesh) if isinstance(mesh, str) else 1\n"
-        "        rows = -(-rows // step) * step\n"
-        "        if rows >= x.shape[0] > step:\n"
-        "            # Every row again is the call itself, which XLA merges with it.\n"
-        "            rows = x.shape[0] - step\n"
-        "        # Each device's own leading rows: the leading rows of the whole array would\n"
-        "        # first be moved between devices (a 2% plant read 1.29-1.36x on 2 H100s).\n"
-        "        blocks = x.reshape(step, x.shape[0] // step, *x.shape[1:])\n"
-        "        local = blocks[:, :rows // step].reshape(rows, *x.shape[1:])\n"
-        "        extra = inner(local, *args, **kwargs)\n"
-        + "".join("    " + line + "\n" for line in keep.splitlines()) +
-        "        return out\n\n"
-        "    registry._IMPLEMENTATIONS[key] = _dataclasses.replace(\n"
-        "        registry._IMPLEMENTATIONS[key], fn=planted)\n\n\n"
-        "_kernelperf_planted_slowdown()\n")
+            if framework == "jax" else "        del extra\n")
+    return (head +
+            "def _kernelperf_planted_slowdown():\n"
+            "    import dataclasses as _dataclasses\n"
+            f"    key = ({op!r}, {impl!r})\n"
+            "    inner = registry._IMPLEMENTATIONS[key].fn\n\n"
+            "    def planted(x, *args, **kwargs):\n"
+            "        out = inner(x, *args, **kwargs)\n"
+            + cut +
+            "        extra = inner(x[:rows], *args, **kwargs)\n"
+            + keep +
+            "        return out\n\n"
+            "    registry._IMPLEMENTATIONS[key] = _dataclasses.replace(\n"
+            "        registry._IMPLEMENTATIONS[key], fn=planted)\n\n\n"
+            "_kernelperf_planted_slowdown()\n")
 
 
 def _commit(repo: pathlib.Path, message: str, edits: dict[pathlib.Path, str]) -> str:
@@ -357,7 +370,7 @@ def main_flow(settings: Settings, *, keep: bool = False,
                     path = registry.module_path(plant.op, plant.impl)
                     edits[path] = edits.get(path, "") + plant_source(
                         plant.op, plant.impl, min(1.0, size * plant.scale),
-                        implementation.framework)
+                        implementation.framework, plant.site)
                 label = f"+{size:.0%} trial {trial + 1}"
                 commit = _commit(scratch, f"plant {label}", edits)
                 planted.setdefault(size, commit)

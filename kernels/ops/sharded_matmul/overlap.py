@@ -49,6 +49,10 @@ LATENCY_HIDING_OPTION = "xla_gpu_enable_latency_hiding_scheduler"
 LATENCY_HIDING = f"--{LATENCY_HIDING_OPTION}=true"
 
 
+# A variant whose product is further than this from the one-device product (relative
+# Frobenius norm) is wrong, not rounded differently: bf16 rounding of the output is 0.4%.
+WRONG = 0.02
+
 # (m, n, k) by default: a real size on GPUs; on CPU host devices one that runs in seconds.
 GPU_SIZE = (16384, 8192, 8192)
 CPU_SIZE = (256, 128, 128)
@@ -147,8 +151,13 @@ def run(m: int, n: int, k: int, shapes: list[str], dtype: str) -> list[dict]:
 
     one = jax.devices()[0]
     print(f"timing 1 device ({m}x{k} @ {k}x{n}) ...", flush=True)
-    t_one, how = device_time("1 device", jax.jit(jnp.matmul), jax.device_put(a, one),
-                             jax.device_put(b, one))
+    product = jax.jit(jnp.matmul)
+    t_one, how = device_time("1 device", product, jax.device_put(a, one), jax.device_put(b, one))
+    # Every variant's product is checked against this one before it is timed: a fast wrong
+    # program must not enter the table (XLA's windowed einsum read wrong on a 1x4 mesh).
+    reference_c = product(jax.device_put(a, one), jax.device_put(b, one))
+    error_of = jax.jit(lambda c, ref: jnp.linalg.norm((c - ref).astype(jnp.float32))
+                       / jnp.linalg.norm(ref.astype(jnp.float32)))
     rows = [dict(mesh="1 device", variant="jnp.matmul", seconds=t_one, flops=flops,
                  speedup=1.0, hidden=None, gbps=None, share=None, overlap="", timing=how)]
     for mesh_shape in shapes:
@@ -188,6 +197,12 @@ def run(m: int, n: int, k: int, shapes: list[str], dtype: str) -> list[dict]:
             if not out.sharding.is_equivalent_to(expected, 2):
                 raise AssertionError(f"{name} on {mesh_shape}: output sharding {out.sharding}, "
                                      f"expected {expected}")
+            error = float(error_of(out, jax.device_put(reference_c, expected)))
+            if not error <= WRONG:
+                print(f"{mesh_shape} {name}: WRONG, not timed: relative error {error:.3g} "
+                      f"against the one-device product (limit {WRONG})", file=sys.stderr,
+                      flush=True)
+                continue
             try:
                 seconds, how = device_time(f"{mesh_shape} {name}", fn, a_in, b_in)
             except RuntimeError as error:  # a device trace that cannot be cut into calls
