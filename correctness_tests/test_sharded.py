@@ -282,7 +282,17 @@ def test_bidirectional_ring_matches_reference(mesh):
     assert len(checking.check(impl, case)) == 3  # output, da, db
 
 
-@pytest.mark.parametrize("mesh", MODEL_MESHES)
+# XLA's windowed einsum on 4 H100s, jax 0.11.2 (2026-11-27, .ci/device/windowed_check.py): on
+# the 1x4 mesh the product is wrong (relative error 0.87-0.88, f32 and bf16, with the
+# threshold option alone); 1x2 and 2x2 are right. Strict: a fixed XLA fails here, to be
+# noticed.
+_WINDOWED_WRONG = pytest.mark.xfail(
+    jax.default_backend() == "gpu", strict=True,
+    reason="XLA's windowed einsum gives a wrong product on a 1x4 GPU mesh (jax 0.11.2)")
+
+
+@pytest.mark.parametrize("mesh", [pytest.param(m, marks=_WINDOWED_WRONG) if m == "1x4" else m
+                                  for m in MODEL_MESHES])
 def test_windowed_xla_baseline_matches_reference(mesh):
     """XLA's best flags for overlap (its own collective matmul) change the schedule, not the
     product or its layout: the overlap script's xla-windowed row is the same matmul. (Forward
@@ -315,8 +325,8 @@ def test_overlap_script_leaves_a_wrong_variant_out_of_its_table(monkeypatch, cap
     monkeypatch.setattr(overlap, "variants", with_a_wrong_one)
     monkeypatch.setenv("KERNELPERF_TIME_BUDGET", "0.02")
     rows = overlap.run(16, 8, 8, ["1x2"], "f32")
-    assert [r["variant"] for r in rows if r["variant"].startswith("xla")] == ["xla",
-                                                                              "xla-windowed"]
+    timed = [r["variant"] for r in rows]
+    assert "xla" in timed and "xla-doubled" not in timed, timed
     assert "1x2 xla-doubled: WRONG, not timed: relative error 1 " in capsys.readouterr().err
 
 
