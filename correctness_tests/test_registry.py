@@ -26,6 +26,24 @@ def test_nothing_failed_to_register():
     assert not failures, failures
 
 
+def test_loading_the_registry_imports_no_torch():
+    """Every process that lists, benchmarks or checks kernels loads the registry (asv's
+    benchmark processes, the CLI, the measuring workers); torch's import is a second of CPU
+    in each, so a torch or Triton module imports torch when it is called, not when loaded."""
+    import pathlib
+    import subprocess
+    import sys
+
+    probe = ("import sys; from kernels.core import registry; registry.load(); "
+             "print(len(registry._IMPLEMENTATIONS), 'torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            cwd=pathlib.Path(__file__).parents[1], timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    count, imported = result.stdout.split()
+    registry.load()
+    assert int(count) == len(registry._IMPLEMENTATIONS) and imported == "False", result.stdout
+
+
 def test_case_ids_name_dtype_shape_and_variant():
     case = registry.make_case("softmax", "bf16", {"rows": 3, "cols": 5}, variant="masked")
     assert case.id == "bf16-3x5-masked"

@@ -4,22 +4,29 @@
 its CUDNN_ATTENTION backend. Both take bf16/f16 only.
 """
 
-import functools
+from __future__ import annotations
 
-import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
+import functools
+from typing import TYPE_CHECKING
 
 from kernels.core import registry
 from kernels.ops.attention import spec
 
+if TYPE_CHECKING:  # torch is imported by a call, not by loading the registry
+    import torch
 
-def pinned_to(backend: SDPBackend):
-    """Attention in the registry's (batch, seq, heads, head_dim) layout on `backend` alone."""
+
+def pinned_to(backend: str):
+    """Attention in the registry's (batch, seq, heads, head_dim) layout on the SDPA backend
+    named `backend` (a torch.nn.attention.SDPBackend member) alone."""
 
     def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                   causal: bool = False) -> torch.Tensor:
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
         # SDPA takes (batch, heads, seq, head_dim): transposed views, no copies.
-        with sdpa_kernel(backend):
+        with sdpa_kernel(getattr(SDPBackend, backend)):
             out = torch.nn.functional.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
         return out.transpose(1, 2)
@@ -37,9 +44,9 @@ def _supports(case: registry.Case, label: str) -> str | None:
 
 
 for _name, _backend, _label, _description in (
-        ("torch_flash", SDPBackend.FLASH_ATTENTION, "flash",
+        ("torch_flash", "FLASH_ATTENTION", "flash",
          "torch SDPA, FLASH_ATTENTION backend (FlashAttention-2)"),
-        ("torch_cudnn", SDPBackend.CUDNN_ATTENTION, "cuDNN",
+        ("torch_cudnn", "CUDNN_ATTENTION", "cuDNN",
          "torch SDPA, CUDNN_ATTENTION backend")):
     registry.register_implementation(registry.Implementation(
         op=spec.NAME, name=_name, fn=pinned_to(_backend),

@@ -33,14 +33,18 @@ rounded to the input dtype before their matmuls, as every flash kernel does.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from typing import TYPE_CHECKING
 
-import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.core import compat, frameworks, registry, validation
 from kernels.ops.attention import spec, triton_gluon
+
+if TYPE_CHECKING:  # torch is imported by a call, not by loading the registry
+    import torch
 
 compat.patch_triton_interpreter()
 
@@ -153,6 +157,8 @@ INTERPRETER_CONFIG = AttentionConfig(block_m=32, block_n=16, num_warps=4, num_st
 
 def default_config(dtype: torch.dtype, head_dim: int, device: torch.device,
                    causal: bool = False) -> AttentionConfig:
+    import torch
+
     if device.type != "cuda":
         return INTERPRETER_CONFIG
     if dtype == torch.float32:
@@ -457,11 +463,15 @@ def attention_backward_kernel_dq(
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
+    import torch
+
     return "ieee" if dtype == torch.float32 else "tf32"  # "tf32" is ignored for 16-bit inputs
 
 
 def _has_tma(device: torch.device) -> bool:
     """TMA needs sm_90 or later (the interpreter emulates it)."""
+    import torch
+
     return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (9, 0)
 
 
@@ -481,6 +491,8 @@ def _streamed(x: torch.Tensor, block: int, tma: bool):
 
 
 def _forward(q, k, v, causal: bool, config: AttentionConfig):
+    import torch
+
     batch, seq, heads, head_dim = q.shape
     o = frameworks.torch_empty(q.shape, q.dtype, q.device)
     lse = frameworks.torch_empty((batch, heads, seq), torch.float32, q.device)
@@ -500,6 +512,8 @@ def _forward(q, k, v, causal: bool, config: AttentionConfig):
 
 
 def _backward(q, k, v, o, lse, do, causal: bool, config: AttentionConfig):
+    import torch
+
     batch, seq, heads, head_dim = q.shape
     strides = (q.stride(0), q.stride(1), q.stride(2))
     delta = frameworks.torch_empty((batch, heads, seq), torch.float32, q.device)
@@ -525,21 +539,29 @@ def _backward(q, k, v, o, lse, do, causal: bool, config: AttentionConfig):
     return dq, dk, dv
 
 
-class FlashAttention(torch.autograd.Function):
-    """o = attention(q, k, v); saves q, k, v, o and the log-sum-exp for the backward."""
+@functools.cache
+def _autograd() -> type:
+    """The kernels as a torch.autograd.Function, built on first use: torch is imported by a
+    call, not by loading the registry."""
+    import torch
 
-    @staticmethod
-    def forward(ctx, q, k, v, causal: bool, config: AttentionConfig):
-        o, lse = _forward(q, k, v, causal, config)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.config = causal, config
-        return o
+    class FlashAttention(torch.autograd.Function):
+        """o = attention(q, k, v); saves q, k, v, o and the log-sum-exp for the backward."""
 
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(q, k, v, o, lse, _aligned(do), ctx.causal, ctx.config)
-        return dq, dk, dv, None, None
+        @staticmethod
+        def forward(ctx, q, k, v, causal: bool, config: AttentionConfig):
+            o, lse = _forward(q, k, v, causal, config)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.causal, ctx.config = causal, config
+            return o
+
+        @staticmethod
+        def backward(ctx, do):
+            q, k, v, o, lse = ctx.saved_tensors
+            dq, dk, dv = _backward(q, k, v, o, lse, _aligned(do), ctx.causal, ctx.config)
+            return dq, dk, dv, None, None
+
+    return FlashAttention
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -563,7 +585,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         validation.check_index_range(name, x)
     q, k, v = (_aligned(x) for x in (q, k, v))
     config = config or default_config(q.dtype, q.shape[-1], q.device, bool(causal))
-    return FlashAttention.apply(q, k, v, bool(causal), config)
+    return _autograd().apply(q, k, v, bool(causal), config)
 
 
 def supports(case: registry.Case) -> str | None:

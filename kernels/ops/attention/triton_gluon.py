@@ -21,7 +21,8 @@ Used by `triton.attention` on sm_90 for bf16/f16 where the config says `gluon`.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -33,7 +34,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-GLUON_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+if TYPE_CHECKING:  # torch is imported by a call, not by loading the registry
+    import torch
+
+# By torch dtype name (torch is imported by a call, not by loading the registry).
+GLUON_DTYPES = {"bfloat16": gl.bfloat16, "float16": gl.float16}
 WARPS = 4  # one warpgroup: its wgmma wait is what frees a ring slot for the next TMA copy
 BLOCK_M = 16 * WARPS  # query rows: wgmma gives each warp 16
 MIN_STAGES = 3  # slots for the block being read by S, the one read by P V, and the next
@@ -41,11 +46,17 @@ MIN_STAGES = 3  # slots for the block being read by S, the one read by P V, and 
 
 def runs_on(x: torch.Tensor) -> bool:
     """Whether this kernel can take x: bf16/f16 on an sm_90 GPU (wgmma is Hopper's alone)."""
+    import torch
+
     return x.device.type == "cuda" and takes(x.dtype, torch.cuda.get_device_capability(x.device))
 
 
 def takes(dtype: torch.dtype, capability: tuple[int, int]) -> bool:
-    return dtype in GLUON_DTYPES and capability == (9, 0)
+    return _name(dtype) in GLUON_DTYPES and capability == (9, 0)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 @gluon.jit
@@ -209,7 +220,8 @@ def descriptor(x: torch.Tensor, block_rows: int) -> TensorDescriptor:
     head_dim), seen as (batch * seq, heads * head_dim)."""
     batch, seq, heads, head_dim = x.shape
     flat = x.view(batch * seq, heads * head_dim)
-    layout = gl.NVMMASharedLayout.get_default_for([block_rows, head_dim], GLUON_DTYPES[x.dtype])
+    layout = gl.NVMMASharedLayout.get_default_for([block_rows, head_dim],
+                                                  GLUON_DTYPES[_name(x.dtype)])
     return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [block_rows, head_dim],
                             layout)
 
@@ -235,6 +247,8 @@ def forward(q, k, v, o, lse, causal: bool, qk_scale: float, *, block_n: int, sta
 def example_launch(head_dim: int, causal: bool, block_n: int, stages: int):
     """(kernel, args, kwargs) of a bf16 launch on CPU tensors of a ragged size (2 x 1000 x 4),
     for compiling without a GPU (kernels.profile.triton_aot)."""
+    import torch
+
     q = torch.empty((2, 1000, 4, head_dim), dtype=torch.bfloat16)
     lse = torch.empty((2, 4, 1000), dtype=torch.float32)
     _, args, kwargs = launch(q, q, q, q, lse, causal, 0.1, block_n=block_n, stages=stages)

@@ -11,12 +11,14 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from kernels.core import dtypes, frameworks, registry, validation
 from kernels.cuda import runtime
 from kernels.ops.matmul import spec
+
+if TYPE_CHECKING:  # torch is imported by a call, not by loading the registry
+    import torch
 
 LIBRARY = runtime.CudaLibrary(Path(__file__).with_name("gemm_mma.cu"), {
     "kernelperf_gemm_mma": (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,

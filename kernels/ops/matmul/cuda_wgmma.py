@@ -14,12 +14,14 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from kernels.core import dtypes, frameworks, registry, validation
 from kernels.cuda import runtime
 from kernels.ops.matmul import spec
+
+if TYPE_CHECKING:  # torch is imported by a call, not by loading the registry
+    import torch
 
 LIBRARY = runtime.CudaLibrary(Path(__file__).with_name("gemm_wgmma.cu"), {
     "kernelperf_gemm_wgmma": (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
@@ -62,6 +64,8 @@ def supports(case: registry.Case) -> str | None:
         return (f"cuda_wgmma loads through TMA, which needs k and n multiples of {ALIGNMENT} "
                 f"(16-byte row strides); got k={case['k']}, n={case['n']} (cuda_mma takes any "
                 f"shape)")
+    import torch
+
     if torch.cuda.is_available():
         return _capability_reason(torch.cuda.get_device_capability())
     return None
@@ -99,6 +103,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, config: WgmmaConfig | None = Non
             raise ValueError(f"{name}: cuda_wgmma needs data aligned to {runtime.VECTOR_BYTES} "
                              f"bytes (TMA), got an address {x.data_ptr() % runtime.VECTOR_BYTES} "
                              f"bytes past one; cuda_mma takes it")
+    import torch
+
     reason = _capability_reason(torch.cuda.get_device_capability(a.device))
     if reason:
         raise RuntimeError(reason)

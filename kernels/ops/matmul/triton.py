@@ -16,14 +16,18 @@ in TF32, which the operation's float32 tolerance allows for.
 
 from __future__ import annotations
 
+import functools
 import os
+from typing import TYPE_CHECKING
 
-import torch
 import triton
 import triton.language as tl
 
 from kernels.core import compat, frameworks, registry, validation
 from kernels.ops.matmul import spec
+
+if TYPE_CHECKING:  # torch is imported by a call, not by loading the registry
+    import torch
 
 compat.patch_triton_interpreter()
 
@@ -140,20 +144,28 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return c
 
 
-class Matmul(torch.autograd.Function):
-    """C = A @ B; backward dA = dC B^T, dB = A^T dC with the same kernel on transposed views."""
+@functools.cache
+def _autograd() -> type:
+    """The kernel as a torch.autograd.Function, built on first use: torch is imported by a call,
+    not by loading the registry."""
+    import torch
 
-    @staticmethod
-    def forward(ctx, a, b):
-        ctx.save_for_backward(a, b)
-        return _matmul(a, b)
+    class Matmul(torch.autograd.Function):
+        """C = A @ B; backward dA = dC B^T, dB = A^T dC with the same kernel on transposed views."""
 
-    @staticmethod
-    def backward(ctx, dc):
-        a, b = ctx.saved_tensors
-        da = _matmul(dc, b.T) if ctx.needs_input_grad[0] else None
-        db = _matmul(a.T, dc) if ctx.needs_input_grad[1] else None
-        return da, db
+        @staticmethod
+        def forward(ctx, a, b):
+            ctx.save_for_backward(a, b)
+            return _matmul(a, b)
+
+        @staticmethod
+        def backward(ctx, dc):
+            a, b = ctx.saved_tensors
+            da = _matmul(dc, b.T) if ctx.needs_input_grad[0] else None
+            db = _matmul(a.T, dc) if ctx.needs_input_grad[1] else None
+            return da, db
+
+    return Matmul
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -174,7 +186,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if (empty := spec.empty_product(a, b, requires_grad=a.requires_grad or b.requires_grad)) \
             is not None:
         return empty
-    return Matmul.apply(a, b)
+    return _autograd().apply(a, b)
 
 
 registry.register_implementation(registry.Implementation(

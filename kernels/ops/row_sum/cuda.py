@@ -13,13 +13,15 @@ import ctypes
 import dataclasses
 import math
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from kernels.core import frameworks, registry, validation
 from kernels.cuda import runtime
 from kernels.cuda.runtime import WARP, max_vectors_per_thread, next_power_of_2
 from kernels.ops.row_sum import spec
+
+if TYPE_CHECKING:  # torch is imported by a call, not by loading the registry
+    import torch
 
 LIBRARY = runtime.CudaLibrary(Path(__file__).with_name("row_sum.cu"), {
     "kernelperf_row_sum": (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int,

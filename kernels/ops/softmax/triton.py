@@ -15,13 +15,17 @@ one-block or two-pass structure.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from typing import TYPE_CHECKING
 
-import torch
 import triton
 import triton.language as tl
 
 from kernels.core import compat, frameworks, registry, validation
 from kernels.ops.softmax import spec
+
+if TYPE_CHECKING:  # torch is imported by a call, not by loading the registry
+    import torch
 
 compat.patch_triton_interpreter()
 
@@ -133,30 +137,39 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous().reshape(-1, x.shape[-1])
 
 
-class Softmax(torch.autograd.Function):
-    """y = softmax(x) over the last axis; saves y for dx = y * (dy - sum(y * dy))."""
+@functools.cache
+def _autograd() -> type:
+    """The kernels as a torch.autograd.Function, built on first use: torch is imported by a call,
+    not by loading the registry."""
+    import torch
 
-    @staticmethod
-    def forward(ctx, x, config: SoftmaxConfig):
-        x2 = _rows(x)
-        y = frameworks.torch_empty(x2.shape, x.dtype, x.device)
-        softmax_forward_kernel[(x2.shape[0],)](
-            x2, y, x2.shape[1], x2.stride(0), y.stride(0), BLOCK=config.block,
-            ONE_BLOCK=x2.shape[1] <= config.block, num_warps=config.num_warps)
-        ctx.save_for_backward(y)
-        ctx.config = config
-        return y.reshape(x.shape)
+    class Softmax(torch.autograd.Function):
+        """y = softmax(x) over the last axis; saves y for dx = y * (dy - sum(y * dy))."""
 
-    @staticmethod
-    def backward(ctx, dy):
-        (y,) = ctx.saved_tensors
-        config = ctx.config
-        dy2 = _rows(dy)
-        dx = frameworks.torch_empty(y.shape, y.dtype, y.device)
-        softmax_backward_kernel[(y.shape[0],)](
-            y, dy2, dx, y.shape[1], y.stride(0), dy2.stride(0), dx.stride(0), BLOCK=config.block,
-            ONE_BLOCK=y.shape[1] <= config.block, num_warps=config.num_warps)
-        return dx.reshape(dy.shape), None
+        @staticmethod
+        def forward(ctx, x, config: SoftmaxConfig):
+            x2 = _rows(x)
+            y = frameworks.torch_empty(x2.shape, x.dtype, x.device)
+            softmax_forward_kernel[(x2.shape[0],)](
+                x2, y, x2.shape[1], x2.stride(0), y.stride(0), BLOCK=config.block,
+                ONE_BLOCK=x2.shape[1] <= config.block, num_warps=config.num_warps)
+            ctx.save_for_backward(y)
+            ctx.config = config
+            return y.reshape(x.shape)
+
+        @staticmethod
+        def backward(ctx, dy):
+            (y,) = ctx.saved_tensors
+            config = ctx.config
+            dy2 = _rows(dy)
+            dx = frameworks.torch_empty(y.shape, y.dtype, y.device)
+            softmax_backward_kernel[(y.shape[0],)](
+                y, dy2, dx, y.shape[1], y.stride(0), dy2.stride(0), dx.stride(0),
+                BLOCK=config.block, ONE_BLOCK=y.shape[1] <= config.block,
+                num_warps=config.num_warps)
+            return dx.reshape(dy.shape), None
+
+    return Softmax
 
 
 def softmax(x: torch.Tensor, *, config: SoftmaxConfig | None = None) -> torch.Tensor:
@@ -175,7 +188,7 @@ def softmax(x: torch.Tensor, *, config: SoftmaxConfig | None = None) -> torch.Te
     config = config or default_config(x.shape[-1], x.device)
     if x.numel() == 0:
         return x.clone()
-    return Softmax.apply(x, config)
+    return _autograd().apply(x, config)
 
 
 registry.register_implementation(registry.Implementation(
