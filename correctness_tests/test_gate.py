@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -97,6 +99,9 @@ def test_every_sharded_plant_names_a_function_of_its_kernel_and_others_none():
         gate.Plant("sharded", "sharded_matmul", "collective", {})
     with pytest.raises(ValueError, match="site: expected a per-device function"):
         gate.Plant("xla", "softmax", "xla", {}, site="_local_product")
+    with pytest.raises(ValueError, match=r"^site: a per-device site is planted in JAX kernels "
+                                         r"only, got '_local_product' in a torch"):
+        gate.plant_source("softmax", "triton", 0.02, "torch", "_local_product")
 
 
 def test_a_sharded_plant_adds_its_rows_inside_the_kernel_and_no_exchange():
@@ -223,9 +228,17 @@ def test_the_report_lists_every_verdict_a_reader_acts_on_and_names_each_failure(
     assert text[-1] == ("gate-power: FAILED for +2% trial 1 softmax-torch, +3% trial 1 "
                         "softmax-xla, -2% softmax-xla, A/A 2 softmax-xla")
 
-    quiet = [outcomes[0], ("plant", 0.02, _outcome("+2% trial 1", {XLA: _row(1.02, "slower")}))]
+    assert "(asv columns: '+' is asv's own per-row 'worse' mark on the same results)" in text
+
+    # a speed-up read as one is listed as ok; asv's plain 1.1 mark has its own column
+    caught = gate.RowVerdict(1.2, 0.01, None, "slower", True, True)
+    quiet = [outcomes[0], ("plant", 0.02, _outcome("+2% trial 1", {XLA: caught})),
+             ("speed-up", 0.02, _outcome("-2%", {XLA: _row(0.98, "faster")}))]
     lines = []
     assert gate.report(quiet, settings, plants, lines.append) == 0
+    rows = [re.split(r"\s{2,}", line.strip()) for line in "\n".join(lines).splitlines()
+            if line.startswith("xla ")]
+    assert rows[1][-3:] == ["+", "+", "caught"] and rows[2][-1] == "ok (faster)", rows
     assert lines[-1] == ("gate-power: every plant caught, no false positive, no speed-up read "
                          "as a regression")
     assert "A/A and unplanted controls: 0 false positive(s) in 2 benchmark rows" in lines
@@ -324,3 +337,351 @@ def test_a_torch_plant_needs_no_jax(monkeypatch):
     with planted("softmax", "torch", 0.5) as slowed:
         out = slowed.fn(torch.randn(8, 4))
     torch.testing.assert_close(out.sum(-1), torch.ones(8))
+
+
+# -- the flow: clone, commit each trial, run the CI path, report --------------------------------
+
+@pytest.fixture
+def flow(monkeypatch, tmp_path):
+    """main_flow with a tiny scratch clone and a recording run_trial; yields (calls, scratch,
+    expect) where `expect` holds what run_trial must be handed (settings, plants, log)."""
+    from kernels.bench import asv_tools
+    from kernels.core import vcs
+
+    scratch = tmp_path / "scratch"
+    top = pathlib.Path(vcs.output(pathlib.Path.cwd(), "rev-parse", "--show-toplevel"))
+    source_head = vcs.output(top, "rev-parse", "HEAD")
+    expect = {}
+
+    def mkdtemp(prefix):
+        assert prefix == "kernelperf-gate-"  # what the device scripts collect journals by
+        scratch.mkdir()
+        return str(scratch)
+
+    def tiny_clone(source, commit, into, who):
+        """vcs.scratch_clone's stand-in: main with the files trials edit."""
+        assert (source, commit, into, who) == (top, source_head, scratch, "gate-power")
+        for path in ("README.md", *(str(registry.module_path(p.op, p.impl))
+                                    for p in gate.PLANTS)):
+            (into / path).parent.mkdir(parents=True, exist_ok=True)
+            (into / path).write_text("kernel\n")
+        vcs.output(into, "init", "-q", "-b", "main")
+        vcs.output(into, "config", "user.email", f"{who}@kernelperf")
+        vcs.output(into, "config", "user.name", who)
+        vcs.output(into, "add", "-A")
+        vcs.output(into, "commit", "-q", "-m", "main")
+
+    monkeypatch.setattr(gate.tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.setattr(vcs, "scratch_clone", tiny_clone)
+    monkeypatch.setattr(asv_tools, "register_machine", lambda: "fake-machine")
+    monkeypatch.setenv("GIT_EDITOR", "false")  # a commit that would open an editor fails
+    calls = []
+
+    def run_trial(repo, label, base, head, plants, platform, settings, machine, log):
+        assert repo == scratch and machine == "fake-machine"
+        assert platform == expect.get("platform", "cpu")
+        assert settings is expect["settings"] and log == expect["log"]
+        assert plants == expect["plants"]
+        calls.append(dict(
+            label=label, base=base, head=head, diff=vcs.output(repo, "diff", f"{head}~1", head),
+            parent=vcs.output(repo, "rev-parse", f"{head}~1"),
+            main=vcs.output(repo, "rev-parse", "main"),
+            message=vcs.output(repo, "log", "-1", "--format=%s", head)))
+        verdict = ("same" if label.startswith("A/A") else "faster" if label.startswith("-")
+                   else "slower")
+        return _outcome(label, {XLA: _row(1.0, verdict), CONTROL: _row(1.0, "same")})
+
+    monkeypatch.setattr(gate, "run_trial", run_trial)
+    return calls, scratch, expect, source_head
+
+
+def _flow(flow, settings, plants=None, **kwargs):
+    _, _, expect, _ = flow
+    lines = []
+    expect.update(settings=settings, log=lines.append,
+                  plants=plants or tuple(p for p in gate.PLANTS if (p.op, p.impl) == XLA))
+    return gate.main_flow(settings, log=lines.append, **kwargs), lines
+
+
+def test_the_flow_runs_each_aa_trial_each_plant_and_the_smallest_reverted(flow):
+    """Against the source's HEAD: every A/A commit adds one blank line to the README, every
+    trial of a size plants that size (times the plant's scale) in the kernel's module alone,
+    each on main, and the speed-up is the smallest size's first plant reverted, measured
+    against that plant."""
+    calls, scratch, _, head = flow
+    settings = gate.Settings(families=("xla",), ops=("softmax",), sizes=(0.02, 0.03),
+                             trials=2, aa_trials=2)
+    status, lines = _flow(flow, settings)
+    assert status == 0
+    assert lines[0] == (f"gate-power: scratch clone {scratch} of {head[:8]}; machine "
+                        f"fake-machine; 1 plants: softmax-xla f32-64x1000")
+    assert [c["label"] for c in calls] == ["A/A 1", "A/A 2", "+2% trial 1", "+2% trial 2",
+                                           "+3% trial 1", "+3% trial 2",
+                                           "-2% (plant reverted)"]
+    assert [c["message"] for c in calls[:6]] == [
+        "A/A 1", "A/A 2", "plant +2% trial 1", "plant +2% trial 2", "plant +3% trial 1",
+        "plant +3% trial 2"]
+    plant = next(p for p in gate.PLANTS if (p.op, p.impl) == XLA)
+    module = str(registry.module_path(*XLA))
+    for call in calls[:6]:
+        assert call["base"] == head and call["parent"] == call["main"], call  # each on main
+        edited = re.findall(r"^\+\+\+ b/(\S+)", call["diff"], re.M)
+        added = re.findall(r"^\+(?!\+\+ )(.*)$", call["diff"], re.M)
+        if call["label"].startswith("A/A"):
+            assert edited == ["README.md"] and added == [""], call
+        else:
+            size = float(call["label"][1:2]) / 100
+            assert edited == [module], call
+            assert "".join(f"{line}\n" for line in added).strip() == gate.plant_source(
+                *XLA, size * plant.scale, "jax").strip()
+    first_two = calls[2]
+    assert calls[6]["base"] == first_two["head"] and calls[6]["parent"] == first_two["head"]
+    assert re.search(r"^-_kernelperf_planted_slowdown\(\)$", calls[6]["diff"], re.M)
+    assert not scratch.exists()  # the scratch clone is removed unless kept
+    assert lines[-1].startswith("gate-power: every plant caught")
+
+
+def test_a_plant_never_recomputes_more_than_every_row(flow):
+    calls, *_ = flow
+    settings = gate.Settings(families=("xla",), ops=("softmax",), sizes=(0.8,), trials=1,
+                             aa_trials=0, speedup=False)
+    assert _flow(flow, settings)[0] == 0
+    assert "recomputes 100.0% of the rows" in calls[0]["diff"]  # 0.8 x scale 2.0, capped
+
+
+def test_two_plants_in_one_commit_each_in_its_own_module(flow):
+    calls, *_ = flow
+    settings = gate.Settings(families=("xla", "triton"), ops=("softmax",), sizes=(0.02,),
+                             trials=1, aa_trials=0, speedup=False)
+    plants = tuple(p for p in gate.PLANTS if p.op == "softmax" and p.family in ("xla", "triton"))
+    status, lines = _flow(flow, settings, plants)
+    assert status == 0 and len(plants) == 2
+    edited = sorted(re.findall(r"^\+\+\+ b/(\S+)", calls[0]["diff"], re.M))
+    assert edited == sorted(str(registry.module_path(p.op, p.impl)) for p in plants)
+    for plant in plants:
+        impl = registry.implementation(plant.op, plant.impl)
+        assert gate.plant_source(plant.op, plant.impl, 0.02 * plant.scale,
+                                 impl.framework).strip().splitlines()[2] in calls[0]["diff"]
+    assert lines[0].endswith("2 plants: softmax-triton f32-64x1000, softmax-xla f32-64x1000")
+
+
+def test_plants_sharing_a_module_are_all_planted_and_a_sharded_one_at_its_site(
+        flow, monkeypatch):
+    calls, *_ = flow
+    xla = next(p for p in gate.PLANTS if (p.op, p.impl) == XLA)
+    sharded = next(p for p in gate.PLANTS if p.family == "sharded")
+    monkeypatch.setattr(gate, "PLANTS", (xla, gate.dataclasses.replace(xla, scale=1.0), sharded))
+    from kernels.core import devices
+
+    reason = devices.case_unavailable_reason(registry.implementation(sharded.op, sharded.impl),
+                                             registry.operation(sharded.op).case(
+                                                 sharded.case["cpu"]))
+    if reason:
+        pytest.skip(reason)
+    settings = gate.Settings(families=("xla", "sharded"), ops=("softmax", "sharded_matmul"),
+                             sizes=(0.02,), trials=1, aa_trials=0, speedup=False)
+    assert _flow(flow, settings, gate.PLANTS)[0] == 0
+    diff = calls[0]["diff"]
+    assert len(re.findall(r"^\+_kernelperf_planted_slowdown\(\)$", diff, re.M)) == 3
+    assert "recomputes 4.0% of the rows" in diff and "recomputes 2.0% of the rows" in diff
+    assert f"+    inner = globals()[{sharded.site!r}]" in diff
+
+
+def test_on_a_gpu_the_flow_plants_the_gpu_cases(flow, monkeypatch):
+    from kernels.core import devices
+
+    calls, _, expect, _ = flow
+    machine = devices.this_machine()
+    monkeypatch.setattr(devices, "this_machine",
+                        lambda: gate.dataclasses.replace(machine, platform="gpu"))
+    monkeypatch.setattr(devices, "case_unavailable_reason", lambda impl, case: None)
+    expect["platform"] = "gpu"
+    settings = gate.Settings(families=("xla",), ops=("softmax",), sizes=(0.02,), trials=1,
+                             aa_trials=0, speedup=False)
+    status, lines = _flow(flow, settings)
+    assert status == 0 and len(calls) == 1
+    assert lines[0].endswith("1 plants: softmax-xla f32-32768x4096")
+
+
+def test_the_flow_names_a_plant_that_cannot_run_here_and_plants_the_rest(flow):
+    calls, *_ = flow
+    settings = gate.Settings(families=("xla", "cuda"), ops=("softmax",), sizes=(0.02,),
+                             trials=1, aa_trials=0, speedup=False)
+    status, lines = _flow(flow, settings)
+    assert status == 0 and [c["label"] for c in calls] == ["+2% trial 1"]
+    assert lines[0].startswith("gate-power: no cuda plant in softmax here (softmax-cuda "
+                               "f32-64x1000: needs a CUDA GPU")
+
+
+def test_the_flow_keeps_the_clone_when_asked(flow):
+    calls, scratch, *_ = flow
+    settings = gate.Settings(families=("xla",), ops=("softmax",), sizes=(0.02,), trials=1,
+                             aa_trials=0, speedup=False)
+    status, lines = _flow(flow, settings, keep=True)
+    assert status == 0 and [c["label"] for c in calls] == ["+2% trial 1"]
+    assert scratch.exists() and lines[-1] == f"kept {scratch}"
+
+
+def test_an_interrupted_flow_reports_the_trials_it_finished_and_exits_1(flow, monkeypatch):
+    recording = gate.run_trial
+
+    def interrupted_on_the_plant(repo, label, *args):
+        if label.startswith("+"):
+            raise KeyboardInterrupt
+        return recording(repo, label, *args)
+
+    monkeypatch.setattr(gate, "run_trial", interrupted_on_the_plant)
+    status, lines = _flow(flow, gate.Settings(families=("xla",), ops=("softmax",),
+                                              sizes=(0.02,)))
+    assert status == 1
+    text = "\n".join(lines)
+    assert "gate-power: interrupted after 1 trial(s); reporting those" in text
+    assert "0 false positive(s) in 2 benchmark rows" in text
+
+
+def test_a_missed_plant_fails_the_flow(flow, monkeypatch):
+    recording = gate.run_trial
+
+    def quiet(repo, label, *args):
+        outcome = recording(repo, label, *args)
+        return _outcome(label, {**outcome.rows, XLA: _row(1.0, "same")})
+
+    monkeypatch.setattr(gate, "run_trial", quiet)
+    status, lines = _flow(flow, gate.Settings(families=("xla",), ops=("softmax",),
+                                              sizes=(0.02,), trials=1, speedup=False))
+    assert status == 1 and lines[-1] == "gate-power: FAILED for +2% trial 1 softmax-xla"
+
+
+def test_the_flow_refuses_families_that_cannot_run_here_in_one_line(flow):
+    with pytest.raises(gate.validation.UserError,
+                       match=r"^families \['cuda'\] of operations \['softmax'\]: none can run "
+                             r"here \(cpu\); on a CPU, --families xla pallas triton$"):
+        gate.main_flow(gate.Settings(families=("cuda",), ops=("softmax",)), log=print)
+    assert flow[0] == []
+
+
+def test_lines_are_printed_whole_and_at_once(capsys):
+    gate._print("gate-power: a line")
+    assert capsys.readouterr().out == "gate-power: a line\n"
+
+
+class _FakeBench:
+    """subprocess.Popen's stand-in for `kernels bench`: prints `lines`, writes `rows` to the
+    --json file, exits `code`."""
+
+    def __init__(self, rows, lines, code):
+        self.rows, self.lines, self.code, self.calls = rows, lines, code, []
+        self.real = gate.subprocess.Popen  # every other process (git, a device probe) runs
+
+    def __call__(self, command, *args, cwd=None, env=None, **kwargs):
+        import io
+        import json
+
+        if command[1:4] != ["-m", "kernels", "bench"]:
+            return self.real(command, *args, cwd=cwd, env=env, **kwargs)
+        # one text stream, asv's errors in it
+        assert kwargs == dict(text=True, stdout=gate.subprocess.PIPE,
+                              stderr=gate.subprocess.STDOUT), kwargs
+        self.calls.append(dict(command=command, cwd=cwd, env=env))
+        if self.rows is not None:
+            gate.pathlib.Path(command[command.index("--json") + 1]).write_text(
+                json.dumps(self.rows))
+        self.stdout = io.StringIO("".join(f"{line}\n" for line in self.lines))
+        return self
+
+    def wait(self):
+        return self.code
+
+
+TIME = "benchmarks.Softmax.time_device"
+PARAMS = ["'xla'", "'f32-64x1000'", "'fwd'"]
+TRITON_MATMUL = ("matmul", "triton")
+
+
+@pytest.mark.parametrize("platform,code", [("cpu", 1), ("gpu", 0)])
+def test_a_trial_runs_the_ci_path_narrowed_to_its_plants_and_reads_every_verdict(
+        monkeypatch, tmp_path, platform, code):
+    from kernels.bench import asv_tools
+
+    (tmp_path / ".asv").mkdir()
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    monkeypatch.setenv("KERNELPERF_FROM_THE_CALLER", "kept")
+    matmul = ["'triton'", "'f32-129x130x257'", "'fwd'"]
+    rows = [dict(benchmark="benchmarks.Softmax.track_peak_memory", params=PARAMS, ratio=1.0,
+                 gap=None, confirmed=None, verdict="same"),
+            dict(benchmark=TIME, params=PARAMS, ratio=1.05, gap=0.012, confirmed="1.04 1.05",
+                 verdict="slower"),
+            dict(benchmark=TIME, params=["'torch'", *PARAMS[1:]], ratio=1.0, gap=0.02,
+                 confirmed=None, verdict="same"),
+            dict(benchmark="benchmarks.Matmul.time_device", params=matmul, ratio=1.2,
+                 gap=0.01, confirmed=None, verdict="slower"),
+            dict(benchmark="benchmarks.Attention.time_device", params=PARAMS, ratio=1.0,
+                 gap=0.01, confirmed=None, verdict="same")]
+    lines = ["· Discovering benchmarks", "[50%] ··· benchmarks.Softmax.time_device ok",
+             "noise from a tool", "confirming 1 slower row(s): 2 rounds", "  round 1: 1.04",
+             "confirmation took 9 s", "summary: 1 slower, 1 same",
+             "smallest change callable: 1.2%", "asv on 2 commit(s) took 9 s",
+             "kernels bench: 12 s in all", "  4 parameter sets measured", "another tool's line"]
+    fake = _FakeBench(rows, lines, code)
+    monkeypatch.setattr(gate.subprocess, "Popen", fake)
+    results = {"b" * 40: {(TIME, tuple(PARAMS)): fakes.asv_timed(1.0, 0.002),
+                          (TIME, ("'torch'", *PARAMS[1:])): fakes.asv_timed(1.0, 0.002),
+                          ("benchmarks.Matmul.time_device", tuple(matmul)):
+                              fakes.asv_timed(1.0, 0.002)},
+               "h" * 40: {(TIME, tuple(PARAMS)): fakes.asv_timed(1.05, 0.002, seed=1),
+                          (TIME, ("'torch'", *PARAMS[1:])): fakes.asv_timed(1.0, 0.002, seed=1),
+                          ("benchmarks.Matmul.time_device", tuple(matmul)):
+                              fakes.asv_timed(1.2, 0.002, seed=1)}}
+    monkeypatch.setattr(asv_tools, "load",
+                        lambda folder, machine, commit: results[commit] if
+                        (folder, machine) == (str(tmp_path / ".asv" / "results"), "m") else {})
+    plants = tuple(p for p in gate.PLANTS if (p.op, p.impl) in (XLA, TRITON_MATMUL))
+    settings = gate.Settings(families=("xla", "triton"), ops=("softmax", "matmul"),
+                             confirm_rounds=2)
+    logged = []
+    outcome = gate.run_trial(tmp_path, "+2% trial 1", "b" * 40, "h" * 40, plants, platform,
+                             settings, "m", logged.append)
+    (call,) = fake.calls
+    command = call["command"]
+    assert command[0] == gate.os.path.abspath(gate.sys.executable) and call["cwd"] == tmp_path
+    assert command[command.index("--base") + 1] == "b" * 40
+    assert command[command.index("--head") + 1] == "h" * 40
+    assert command[command.index("--bench") + 1] == r"(Matmul|Softmax)\.time_device"
+    assert command[command.index("--confirm-rounds") + 1] == "2"
+    assert "--reuse-base" in command
+    env = call["env"]
+    cases = sorted(p.case[platform] for p in plants)
+    assert env["KERNELPERF_BENCH_CASES"] == ",".join(cases)
+    assert env["KERNELPERF_BENCH_DIRECTIONS"] == "fwd" and env["PYTHONUNBUFFERED"] == "1"
+    assert env["KERNELPERF_FROM_THE_CALLER"] == "kept"
+    narrowed = {"KERNELPERF_BENCH_FULL": "1", "KERNELPERF_BENCH_IMPLS": "triton,xla"}
+    assert {k: env.get(k) for k in narrowed} == (narrowed if platform == "cpu"
+                                                 else dict.fromkeys(narrowed))
+    assert logged == [f"[+2% trial 1] kernels bench --base bbbbbbbb --head hhhhhhhh "
+                      f"(Matmul|Softmax, {', '.join(cases)}, fwd)"] + [
+        f"  {line}" for line in lines if "tool" not in line]
+    assert outcome.label == "+2% trial 1" and outcome.exit == code
+    assert outcome.rows == {
+        XLA: gate.RowVerdict(1.05, 0.012, "1.04 1.05", "slower", True, False),
+        CONTROL: gate.RowVerdict(1.0, 0.02, None, "same", False, False),
+        TRITON_MATMUL: gate.RowVerdict(1.2, 0.01, None, "slower", True, True),
+        # a benchmark of no planted operation keeps its own name
+        ("benchmarks.Attention.time_device", "xla"): gate.RowVerdict(
+            1.0, 0.01, None, "same", False, False)}
+
+
+def test_a_trial_whose_bench_broke_raises_with_the_end_of_its_output(monkeypatch, tmp_path):
+    (tmp_path / ".asv").mkdir()
+    plants = tuple(p for p in gate.PLANTS if (p.op, p.impl) == XLA)
+    settings = gate.Settings(families=("xla",), ops=("softmax",), reuse_base=False)
+    output = [f"{index:04d} " + "x" * 95 for index in range(40)]  # 4000 characters
+    for rows, code in ((None, 1), ([], 2)):
+        fake = _FakeBench(rows, output, code)
+        monkeypatch.setattr(gate.subprocess, "Popen", fake)
+        with pytest.raises(RuntimeError) as raised:
+            gate.run_trial(tmp_path, "A/A 1", "base", "head", plants, "cpu", settings, "m",
+                           print)
+        header, tail = str(raised.value).split("\n", 1)
+        assert header == f"A/A 1: kernels bench exited {code}:"
+        assert tail == "".join(f"{line}\n" for line in output)[-3000:]
+        assert "--reuse-base" not in fake.calls[0]["command"]

@@ -287,9 +287,31 @@ EQUIVALENT: dict[str, str] = {
         "at an end",
     **{f"kernels.bench.gate.x_plant_source__mutmut_{n}":
        "the case of a comment line in the planted text: Python skips it"
-       for n in (26, 27, 54, 55, 59, 60, 62, 63)},
-    "kernels.bench.gate.x_plant_source__mutmut_29":
-        "the JAX tie's definition in a torch plant too: only the JAX branch calls it",
+       for n in (3, 4, 9, 10)},
+    **{f"kernels.bench.gate.x__commit__mutmut_{n}": "git's -q: what it prints, not what it does"
+       for n in (9, 39)},
+    "kernels.bench.gate.x_main_flow__mutmut_202": "git's -q: what it prints, not what it does",
+    "kernels.bench.gate.x__commit__mutmut_19":
+        "the name of the branch each trial commits on: nothing else reads it",
+    "kernels.bench.gate.x__commit__mutmut_60":
+        "rev-parse 'head' for 'HEAD': the branch just committed on, the same commit",
+    **{f"kernels.bench.gate.x_main_flow__mutmut_{n}":
+       "the speed-up's branch name, or -b for -B: the scratch clone has no such branch yet"
+       for n in (211, 212, 213)},
+    **{f"kernels.bench.gate.x_main_flow__mutmut_{n}":
+       "rmtree's ignore_errors: the scratch clone is ours and removable; it differs only "
+       "when the removal fails" for n in (276, 278, 279)},
+    **{f"kernels.bench.gate.x_main_flow__mutmut_{n}":
+       "a plant trial's kind: report reads a kind only as 'A/A' or 'speed-up', anything else "
+       "is a plant" for n in (171, 172)},
+    "kernels.bench.gate.x_main_flow__mutmut_99":
+        "an A/A trial's size: report reads a size only for plants and the speed-up",
+    **{f"kernels.bench.gate.x_run_trial__mutmut_{n}":
+       "the rows file's name: any name unique per trial label does (the trial's own --json)"
+       for n in (13, 14, 15)},
+    "kernels.bench.gate.x_run_trial__mutmut_165":
+        "strip('XX\\'XX') also strips capital X: no implementation's name starts or ends "
+        "with one",
     **{f"kernels.bench.{module}.x__print__mutmut_{n}":
        "print's flush: when a line reaches a pipe, not what it says"
        for module in ("confirm", "gate") for n in (2, 4, 5)},
@@ -333,6 +355,9 @@ SURVIVORS: dict[str, str] = {
         "one, which no operation registers today",
     "kernels.profile.bottleneck.x_profile__*": "runs ncu on a GPU (`kernels bottleneck`)",
     "kernels.profile.bottleneck.x_profile_command__*": "the ncu command line, run on a GPU",
+    "kernels.bench.gate.x_main_flow__mutmut_220":
+        "git revert without --no-edit opens an editor only when run from a terminal; the "
+        "tests have none",
     **{f"kernels.core.checking.x_check__mutmut_{n}":
        "zip's strict dropped: differs only where prepare or the VJP hands back another number "
        "of arguments or gradients than the operation has inputs, which JAX's and torch's "
