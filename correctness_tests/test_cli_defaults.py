@@ -4,13 +4,15 @@ place alone fails here (a compare gap raised from 5% to 15% passed every other C
 
 from __future__ import annotations
 
+import argparse
 import pathlib
 import re
 
 import pytest
 
+from kernels import cli
 from kernels.bench import asv_tools
-from kernels.cli import arguments, bench, check, measure, profile, tune
+from kernels.cli import arguments
 
 README = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
 
@@ -27,12 +29,53 @@ def _percent(text: str) -> float:
 
 
 def _parser() -> arguments.Parser:
-    """The parser `python -m kernels` builds (kernels.cli.main), every command group on it."""
-    parser = arguments.Parser(prog="python -m kernels")
-    sub = parser.add_subparsers(dest="command", required=True)
-    for group in (check, bench, measure, profile, tune):
-        group.add_commands(sub)
-    return parser
+    """The parser `python -m kernels` builds, every command group on it."""
+    return cli.build_parser()[0]
+
+
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    (sub,) = (a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def test_every_command_has_its_handler_and_well_formed_documented_options():
+    """What `python -m kernels --help` lists is what runs: each command its own handler, every
+    option a lower-case --long-name (what the README check and users type)."""
+    commands = _commands()
+    handlers = cli.build_parser()[1]
+    assert set(handlers) == set(commands) and len(commands) >= 18, sorted(commands)
+    assert all(callable(handler) for handler in handlers.values())
+    for name, parser in commands.items():
+        assert re.fullmatch(r"[a-z][a-z-]*", name), name
+        for action in parser._actions:
+            for option in action.option_strings:
+                assert re.fullmatch(r"--[a-z][a-z0-9-]*|-h", option), (name, option)
+
+
+def test_the_help_states_each_literal_default_the_option_has():
+    """Where an option's help says "(default X)" with X a plain value, X is its default."""
+    checked = 0
+    for name, parser in _commands().items():
+        for action in parser._actions:
+            said = re.search(r"\(default[: ]+([\w.\- ]+)\)", action.help or "")
+            if not said or action.default in (None, False):
+                continue  # computed where it runs ("gpu on a GPU, else cpu"), or a switch
+            default = action.default
+            shown = (" ".join(map(str, default)) if isinstance(default, list)
+                     else f"{default:g}" if isinstance(default, int | float) else str(default))
+            assert shown == said.group(1), (name, action.dest, default, said.group(1))
+            checked += 1
+    assert checked >= 7, checked
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (("fault-drill", "--keep"), "keep"), (("fault-drill", "--without-isolation"),
+                                         "without_isolation"),
+    (("gate-power", "--keep"), "keep"), (("gate-power", "--no-speedup"), "no_speedup"),
+    (("bench", "--reuse-base"), "reuse_base")], ids=" ".join)
+def test_switches_take_no_value_and_flip_their_default(argv, flag):
+    off, on = _defaults(argv[0])[flag], _defaults(*argv)[flag]
+    assert isinstance(off, bool) and on is (not off)
 
 
 def _defaults(*argv: str) -> dict:

@@ -10,14 +10,16 @@ below imports this one.
 
 from __future__ import annotations
 
+import argparse
 import sys
+from collections.abc import Callable
 
 from kernels.cli import arguments
 from kernels.core import environment, validation
 
 
-def main(argv: list[str] | None = None) -> int:
-    environment.configure()
+def build_parser() -> tuple[arguments.Parser, dict[str, Callable[[argparse.Namespace], int]]]:
+    """The parser of `python -m kernels`, every command group on it, and command -> handler."""
     from kernels.cli import bench, check, drill, measure, profile, tune
 
     parser = arguments.Parser(prog="python -m kernels", description=__doc__.split("\n\n")[0])
@@ -25,6 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     commands = {}
     for group in (check, bench, measure, profile, tune, drill):
         commands.update(group.add_commands(sub))
+    return parser, commands
+
+
+def main(argv: list[str] | None = None) -> int:
+    environment.configure()
+    parser, commands = build_parser()
     args = parser.parse_args(argv)
     try:
         return commands[args.command](args)
