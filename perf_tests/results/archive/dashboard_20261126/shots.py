@@ -1,7 +1,9 @@
 """Screenshots of a published dashboard (.asv/html of the current clone): the grid and the
 pages issue 35 asks for; prints which machines' series have points on each.
 
-    python perf_tests/results/archive/dashboard_20261126/shots.py OUT_DIR
+    python perf_tests/results/archive/dashboard_20261126/shots.py OUT_DIR [PAGE ...]
+
+PAGE: a benchmark such as ShardedMatmul.time_device (default: PAGES).
 """
 import pathlib
 import sys
@@ -13,10 +15,11 @@ PAGES = ["Softmax.time_device", "Softmax.track_gbps", "Softmax.track_roofline",
          "Attention.time_device", "Attention.track_tflops", "Attention.track_roofline"]
 
 
-def main(out: pathlib.Path, html: pathlib.Path = pathlib.Path(".asv/html")) -> None:
+def main(out: pathlib.Path, pages: list[str], html: pathlib.Path = pathlib.Path(".asv/html")
+         ) -> None:
     out.mkdir(parents=True, exist_ok=True)
     dashboard.render(html, "", out / "grid.png", size=(1400, 1600))
-    for page in PAGES:
+    for page in pages:
         facts = dashboard.graph_facts(dashboard.render(html, f"benchmarks.{page}",
                                                        out / f"{page}.png"))
         machines: dict[str, int] = {}
@@ -27,4 +30,4 @@ def main(out: pathlib.Path, html: pathlib.Path = pathlib.Path(".asv/html")) -> N
 
 
 if __name__ == "__main__":
-    main(pathlib.Path(sys.argv[1]))
+    main(pathlib.Path(sys.argv[1]), sys.argv[2:] or PAGES)
