@@ -115,7 +115,8 @@ def _add_gate_power(sub) -> None:
     gate_power.add_argument("--sizes", type=_fractions, default=gate.DEFAULT_SIZES,
                             help="planted slowdowns, e.g. 2%%,3%% (default)")
     gate_power.add_argument("--trials", type=int, default=3, help="trials per plant size")
-    gate_power.add_argument("--aa-trials", dest="aa_trials", type=int, default=1)
+    gate_power.add_argument("--aa-trials", dest="aa_trials", type=int, default=1,
+                            help="A/A trials, a README whitespace commit each (default 1)")
     gate_power.add_argument("--factor", type=float, default=1.02,
                             help="the asv continuous -f whose marks are shown beside")
     gate_power.add_argument("--confirm-rounds", type=int, default=3,
@@ -135,7 +136,8 @@ def add_commands(sub) -> dict[str, Callable[[argparse.Namespace], int]]:
         if name == "bench":
             sub_parser.add_argument("--base", type=revision,
                                     help="revision to compare against (e.g. main)")
-            sub_parser.add_argument("--head", type=revision, default="HEAD")
+            sub_parser.add_argument("--head", type=revision, default="HEAD",
+                                    help="revision measured (default HEAD)")
             sub_parser.add_argument("--bench", help="asv benchmark regex (e.g. Softmax)")
             sub_parser.add_argument("--dashboard", action="store_true",
                                     help="with --base, also record the dashboard metrics "
@@ -144,8 +146,9 @@ def add_commands(sub) -> dict[str, Callable[[argparse.Namespace], int]]:
                                     help="keep the base's asv results where this machine has "
                                     "them (gate-power's trials share one base run)")
         else:
-            sub_parser.add_argument("base", type=revision)
-            sub_parser.add_argument("head", type=revision, nargs="?", default="HEAD")
+            sub_parser.add_argument("base", type=revision, help="revision compared against")
+            sub_parser.add_argument("head", type=revision, nargs="?", default="HEAD",
+                                    help="revision compared (default HEAD)")
             sub_parser.add_argument("--machine", help="asv machine (default: this device model)")
         sub_parser.add_argument("--min-gap", type=validation.nonnegative_float,
                                 default=asv_tools.DEFAULT_MIN_GAP,
@@ -164,7 +167,8 @@ def add_commands(sub) -> dict[str, Callable[[argparse.Namespace], int]]:
     floor = sub.add_parser("noise-floor", help="run asv repeatedly on one commit; store each "
                            "benchmark's run-to-run shift, which compare then requires a change "
                            "to exceed")
-    floor.add_argument("--revision", type=revision, default="HEAD")
+    floor.add_argument("--revision", type=revision, default="HEAD",
+                       help="the commit run again and again (default HEAD)")
     floor.add_argument("--runs", type=validation.int_at_least(2), default=3,
                        help="asv runs of the commit, whose spread is the floor (>= 2)")
     floor.add_argument("--bench", help="asv benchmark regex (e.g. Softmax.time_device)")

@@ -107,5 +107,6 @@ def add_commands(sub) -> dict[str, Callable[[argparse.Namespace], int]]:
     check.add_argument("--impl", action="append", help="implementation name (repeatable)")
     check.add_argument("--tags", nargs="+", default=["cpu", "gpu"],
                        help="case sets to run (default: cpu gpu)")
-    check.add_argument("--seed", type=validation.nonnegative_int, default=0)
+    check.add_argument("--seed", type=validation.nonnegative_int, default=0,
+                       help="seed of the inputs' random generator (default 0)")
     return {"list": cmd_list, "check": cmd_check}

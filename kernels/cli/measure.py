@@ -519,7 +519,9 @@ def _selection_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--any-size", dest="any_size", action="store_true",
                         help="without a GPU, run --dims / attention sizes larger than the "
                              "operation's CPU cases anyway")
-    parser.add_argument("--regime", choices=("cold", "hot"), default="cold")
+    parser.add_argument("--regime", choices=("cold", "hot"), default="cold",
+                        help="cold: the L2 flushed before each call; hot: operands resident "
+                        "(default cold)")
     parser.add_argument("--budget", type=validation.positive_float,
                         help="wall-time budget per timing (s)")
     parser.add_argument("--mixed-clocks", dest="mixed_clocks", action="store_true",
@@ -530,14 +532,17 @@ def add_commands(sub) -> dict[str, Callable[[argparse.Namespace], int]]:
     """Register this module's subcommands on `sub`; returns name -> handler."""
     timer = sub.add_parser("time", help="device time, TFLOP/s, GB/s, roofline, speedup")
     _selection_arguments(timer)
-    timer.add_argument("--direction", nargs="+", choices=("fwd", "bwd"), default=["fwd"])
+    timer.add_argument("--direction", nargs="+", choices=("fwd", "bwd"), default=["fwd"],
+                       help="forward, backward or both (default fwd)")
     roof = sub.add_parser("roofline", help="time and place on the roofline; JSON + PNG in traces/")
     _selection_arguments(roof)
-    roof.add_argument("--direction", nargs="+", choices=("fwd", "bwd"), default=["fwd", "bwd"])
+    roof.add_argument("--direction", nargs="+", choices=("fwd", "bwd"), default=["fwd", "bwd"],
+                      help="forward, backward or both (default fwd bwd)")
     roof.add_argument("--out", default="traces", type=validation.output_directory,
                       help="directory for the JSON and charts")
     plot = sub.add_parser("plot-roofline", help="redraw roofline charts from a data JSON")
-    plot.add_argument("json", type=roofline_data_file)
+    plot.add_argument("json", type=roofline_data_file,
+                      help="a roofline data file written by `roofline`")
     plot.add_argument("--out", type=validation.output_directory,
                       help="directory for the charts (default: beside the JSON)")
     ceil = sub.add_parser("ceilings", help="datasheet vs measured ceilings of this device")

@@ -203,11 +203,12 @@ def add_commands(sub: argparse._SubParsersAction) -> dict[str, Callable[[argpars
 
     profile = sub.add_parser("profile", help="XProf trace of implementations on one case, "
                                              "and the top kernels by device time")
-    profile.add_argument("op")
+    profile.add_argument("op", help="operation, e.g. softmax")
     profile.add_argument("--impl", action="append", help="implementation (repeatable; "
                                                          "default: every JAX one)")
     profile.add_argument("--case", required=True, help="case id, e.g. f32-32768x4096")
-    profile.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
+    profile.add_argument("--direction", choices=("fwd", "bwd"), default="fwd",
+                         help="forward or backward (default fwd)")
     profile.add_argument("--top", type=validation.positive_int, default=10,
                          help="kernels to list")
     profile.add_argument("--iterations", type=validation.positive_int, default=5,
@@ -216,25 +217,29 @@ def add_commands(sub: argparse._SubParsersAction) -> dict[str, Callable[[argpars
                          help="root folder (default: $KERNELPERF_TRACES or traces)")
 
     memory = sub.add_parser("memory", help="peak device memory per implementation and case")
-    memory.add_argument("op")
-    memory.add_argument("--impl", action="append")
+    memory.add_argument("op", help="operation, e.g. mlp")
+    memory.add_argument("--impl", action="append",
+                        help="implementation (repeatable; default: every JAX one)")
     memory.add_argument("--case", action="append", help="case id (repeatable)")
     memory.add_argument("--tags", nargs="+", help="case sets (default: gpu on a GPU, else cpu)")
-    memory.add_argument("--direction", choices=("fwd", "bwd"))
+    memory.add_argument("--direction", choices=("fwd", "bwd"),
+                        help="forward or backward (default: each the implementation has)")
 
     hlo = sub.add_parser("hlo", help="the HLO guard's report (fusions, custom calls, copies)")
-    hlo.add_argument("op")
-    hlo.add_argument("--impl", action="append")
+    hlo.add_argument("op", help="operation, e.g. softmax")
+    hlo.add_argument("--impl", action="append",
+                     help="implementation (repeatable; default: every one with an HLO guard)")
     hlo.add_argument("--case", action="append", help="case id (repeatable)")
     hlo.add_argument("--tags", nargs="+", default=["cpu"], help="case sets (default: cpu)")
 
     neck = sub.add_parser("bottleneck", help="Nsight Compute over one call: what bounds each "
                                              "kernel (GPU)")
-    neck.add_argument("op")
+    neck.add_argument("op", help="operation, e.g. attention")
     neck.add_argument("--impl", action="extend", nargs="+", required=True,
                       help="implementation names")
     neck.add_argument("--case", required=True, help="case id, e.g. bf16-4x4096x16x128")
-    neck.add_argument("--direction", nargs="+", choices=("fwd", "bwd"), default=["fwd"])
+    neck.add_argument("--direction", nargs="+", choices=("fwd", "bwd"), default=["fwd"],
+                      help="forward, backward or both (default fwd)")
     neck.add_argument("--out", default="traces/bottleneck",
                       help="folder for the .ncu-rep reports and ncu's rule text")
     return {"profile": cmd_profile, "memory": cmd_memory, "hlo": cmd_hlo,
