@@ -178,6 +178,8 @@ def run(m: int, n: int, k: int, shapes: list[str], dtype: str) -> list[dict]:
         inputs = {"sharded": meshes.place(a, mesh, spec.A_SPEC),
                   "gathered": meshes.place(a, mesh, PartitionSpec(meshes.DATA, None))}
         b_sharded = meshes.place(b, mesh, spec.B_SPEC)
+        expected = NamedSharding(mesh, spec.C_SPEC)
+        reference_here = jax.device_put(reference_c, expected)
         t_compute = None
         for name, fn, which in variants(mesh_shape, dtype, m, n, k):
             if isinstance(fn, str):
@@ -188,7 +190,6 @@ def run(m: int, n: int, k: int, shapes: list[str], dtype: str) -> list[dict]:
             else:
                 a_in, b_in = inputs[which], b_sharded
             print(f"timing {mesh_shape} {name} ...", flush=True)
-            expected = NamedSharding(mesh, spec.C_SPEC)
             try:
                 out = fn(a_in, b_in)
             except Exception as error:  # e.g. a compile option this XLA does not know
@@ -197,7 +198,7 @@ def run(m: int, n: int, k: int, shapes: list[str], dtype: str) -> list[dict]:
             if not out.sharding.is_equivalent_to(expected, 2):
                 raise AssertionError(f"{name} on {mesh_shape}: output sharding {out.sharding}, "
                                      f"expected {expected}")
-            error = float(error_of(out, jax.device_put(reference_c, expected)))
+            error = float(error_of(out, reference_here))
             if not error <= WRONG:
                 print(f"{mesh_shape} {name}: WRONG, not timed: relative error {error:.3g} "
                       f"against the one-device product (limit {WRONG})", file=sys.stderr,
