@@ -154,6 +154,11 @@ TARGETS = (
            # The package's warm-up imports core.journals unmutated (through the asv plugin's
            # imports): with it, all 21 of journals' mutants survived untested.
            preload_package=False),
+    # Fault containment (2026-11-27): the sticky-error table, the item limits, the worker's
+    # record of a fatal signal, the controller's blame and requeue, and the drill's verdicts.
+    # Its slow tests (a pytest or asv run against a planted fault, 10-60 s each) stay out.
+    Target(name="isolation", modules=("kernels/testing/isolation.py", "kernels/testing/drill.py"),
+           tests=("correctness_tests/test_isolation.py", "-m", "not slow")),  # its tests run JAX
 )
 
 # What the fork server does before any mutant runs (mutmut's "import" warm-up, through a
