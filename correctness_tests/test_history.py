@@ -3,6 +3,7 @@ from .github/workflows/nightly.yml, run twice against a bare repository standing
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -193,3 +194,39 @@ def test_bad_settings_name_the_argument():
         history.History(max_commits=0)
     with pytest.raises(ValueError, match=r"results_branch: expected a branch of its own"):
         history.History(results_branch="main")
+
+
+@pytest.mark.parametrize("spread,expected", [
+    (False, [9, 8, 6, 5]),  # the newest without results, newest first
+    (True, [9, 6, 2, 0]),  # newest, oldest and evenly between (of 9 8 6 5 3 2 1 0)
+])
+def test_a_run_picks_the_newest_gaps_or_spreads_over_the_window(tmp_path, spread, expected):
+    """Ten commits of main, two of them (7 and 4) with results already: `run` never picks
+    those, takes --max-commits of the rest, and with --spread covers the whole window."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    commits = []
+    for number in range(10):
+        (repo / "n.txt").write_text(f"{number}\n")
+        git(repo, "add", "n.txt")
+        git(repo, "commit", "-q", "-m", f"commit {number}")
+        commits.append(git(repo, "rev-parse", "HEAD"))
+    machine_dir = tmp_path / "results" / MACHINE
+    machine_dir.mkdir(parents=True)
+    (machine_dir / "machine.json").write_text(json.dumps({"machine": MACHINE, "version": 1}))
+    # A result file as asv writes it (a shipped one), moved to this machine and commit.
+    shipped = json.loads(next((ROOT / "perf_tests/results/asv/nvidia-h100-80gb-hbm3")
+                              .glob("*-kernelperf-*.json")).read_text())
+    for number in (7, 4):
+        result = {**shipped, "commit_hash": commits[number],
+                  "params": {**shipped["params"], "machine": MACHINE}}
+        (machine_dir / f"{commits[number][:8]}-{shipped['env_name']}.json").write_text(
+            json.dumps(result))
+    settings = history.History(root=repo, results_dir=tmp_path / "results", max_commits=4,
+                               window=10, spread=spread)
+    assert history.benchmarked(settings, MACHINE) == {commits[7], commits[4]}
+    picked = history.new_commits(settings, MACHINE)
+    assert picked == [commits[number] for number in expected]
+    one = dataclasses.replace(settings, max_commits=1)
+    assert history.new_commits(one, MACHINE) == [commits[9]]

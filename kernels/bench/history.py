@@ -7,7 +7,8 @@ same subcommands against a bare repository standing in for the remote.
   fetch    the remote's results branch (asv-results) checked out as a git worktree of the
            checkout at .asv/history; a new, empty branch when the remote has none yet
   run      asv on the newest first-parent commits of main that have no result for this
-           machine yet (at most --max-commits of the last --window)
+           machine yet (at most --max-commits of the last --window; with --spread, that
+           many spread evenly over the window's gaps instead: a back-fill)
   push     commit this machine's result files and push them; a push rejected because another
            runner pushed first is redone on top of the remote's new tip
   publish  asv publish of every machine's results into .asv/html, scripts made local
@@ -63,6 +64,9 @@ class History:
     max_commits: int = 4  # benchmarked per run, newest first
     window: int = 50  # how far back along main's first parents a run looks for gaps
     bench: str | None = None  # asv --bench regex
+    # Pick max_commits spread evenly over the window's commits without results, newest and
+    # oldest included, rather than the newest: a back-fill draws lines over the whole window.
+    spread: bool = False
 
     def __post_init__(self) -> None:
         for name in ("remote", "results_branch", "pages_branch", "branch"):
@@ -162,7 +166,14 @@ def new_commits(history: History, machine: str) -> list[str]:
     recent = vcs.git(history.root, "rev-list", "--first-parent", f"-n{history.window}",
                   ref.stdout.strip()).stdout.split()
     done = benchmarked(history, machine)
-    return [commit for commit in recent if commit not in done][:history.max_commits]
+    missing = [commit for commit in recent if commit not in done]
+    if not history.spread or len(missing) <= history.max_commits:
+        return missing[:history.max_commits]
+    if history.max_commits == 1:
+        return missing[:1]
+    last = len(missing) - 1
+    return [missing[round(i * last / (history.max_commits - 1))]
+            for i in range(history.max_commits)]
 
 
 def _asv_config(history: History) -> dict:
@@ -329,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-commits", type=int, default=History.max_commits)
     parser.add_argument("--window", type=int, default=History.window)
     parser.add_argument("--bench", help="asv benchmark regex (e.g. Softmax.time_device)")
+    parser.add_argument("--spread", action="store_true",
+                        help="run: --max-commits spread evenly over the window's commits "
+                        "without results (a back-fill), not the newest")
     # The workflow sets its options once, in the environment, for every step; the command
     # line's come after them, so they win.
     options = shlex.split(os.environ.get(OPTIONS_VARIABLE, ""))
@@ -337,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         history = History(remote=args.remote, results_branch=args.results_branch,
                           pages_branch=args.pages_branch, branch=args.branch,
                           machine=args.machine, max_commits=args.max_commits,
-                          window=args.window, bench=args.bench)
+                          window=args.window, bench=args.bench, spread=args.spread)
     except ValueError as error:
         parser.error(str(error))
     status = 0
