@@ -121,9 +121,74 @@ def test_a_kernel_items_limit_grows_with_its_case_and_a_mark_or_the_option_wins(
                                                            "the default limit")
 
 
-def test_bad_limits_are_refused():
-    with pytest.raises(ValueError, match="kernel_s, per_gib_s, other_s"):
-        isolation.Limits(kernel_s=0, per_gib_s=1, other_s=1)
+@pytest.mark.parametrize("kernel_s,per_gib_s,other_s,ok", [
+    (1, 0, 1, True), (0, 1, 1, False), (1, -1, 1, False), (1, 1, 0, False), (-1, 1, 1, False),
+    (1, 1, -1, False),
+])
+def test_bad_limits_are_refused(kernel_s, per_gib_s, other_s, ok):
+    """A kernel item and any other item need a positive limit; the per-GiB part may be 0."""
+    if ok:
+        isolation.Limits(kernel_s=kernel_s, per_gib_s=per_gib_s, other_s=other_s)
+        return
+    with pytest.raises(ValueError, match=r"kernel_s, per_gib_s, other_s: expected > 0, >= 0, > 0, "
+                       rf"got {kernel_s}, {per_gib_s}, {other_s}"):
+        isolation.Limits(kernel_s=kernel_s, per_gib_s=per_gib_s, other_s=other_s)
+
+
+@pytest.mark.parametrize("text,seconds", [("0", 0.0), ("2.5", 2.5), ("30", 30.0)])
+def test_item_limit_option_reads_seconds(text, seconds):
+    assert isolation._seconds(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["-1", "-0.5", "inf", "nan", "soon", ""])
+def test_item_limit_option_refuses_what_is_not_a_finite_duration(text):
+    with pytest.raises(pytest.UsageError) as refused:
+        isolation._seconds(text)
+    assert str(refused.value) == f"--item-limit: expected seconds >= 0, got {text!r}"
+
+
+def test_a_kernel_item_a_bad_input_item_and_a_gpu_marked_test_are_device_items():
+    kernel = _item(types.SimpleNamespace())
+    bad_input = types.SimpleNamespace(get_closest_marker={}.get, callspec=types.SimpleNamespace(
+        params={"bad_input_item": (types.SimpleNamespace(id="softmax-xla"),
+                                   types.SimpleNamespace(label="a NaN"))}))
+    gpu = types.SimpleNamespace(get_closest_marker={"gpu": object()}.get)
+    plain = types.SimpleNamespace(get_closest_marker={}.get, name="test_plain")
+    assert [isolation.is_device_item(i) for i in (kernel, bad_input, gpu, plain)] == \
+        [True, True, True, False]
+    assert isolation.describe_item(bad_input) == "softmax-xla given a NaN"
+    assert isolation.describe_item(plain) == "test_plain"
+
+
+def test_an_errors_one_line_is_its_first_line_with_its_type_cut_at_300_characters():
+    assert isolation._one_line(RuntimeError("\n\n  first line  \nsecond")) == \
+        "RuntimeError: \n\n  first line".splitlines()[0].strip()
+    assert isolation._one_line(ValueError("x" * 400)) == ("ValueError: " + "x" * 400)[:300]
+    assert isolation._one_line(KeyError()) == "KeyError:"
+
+
+def test_where_names_the_tests_frame_and_the_innermost_one():
+    """The stack of a hang, as a watchdog reads it: this test's line, then the innermost."""
+    here = os.path.abspath(__file__)
+    namespace = {"sys": sys, "isolation": isolation, "caught": {}}
+    # The innermost frame in another file (a kernel module), called from this test; read while
+    # the call is in progress, as the watchdog thread reads it.
+    exec(compile("def inner(test_file):\n"
+                 "    caught[test_file] = isolation._where(sys._getframe(), test_file)\n",
+                 "/x/kernel_mod.py", "exec"), namespace)
+    line = sys._getframe().f_lineno + 1
+    namespace["inner"](here)
+    namespace["inner"]("/elsewhere/test_other.py")
+    assert namespace["caught"] == {
+        here: f"test_isolation.py:{line} test_where_names_the_tests_frame_and_the_innermost_one "
+              "-> kernel_mod.py:2 inner",
+        # No frame of the test file on the stack: the innermost alone.
+        "/elsewhere/test_other.py": "kernel_mod.py:2 inner"}
+    # The innermost frame is the test's own: it alone.
+    own = sys._getframe()
+    line, where = own.f_lineno, isolation._where(own, here)  # one line: one f_lineno
+    assert where == \
+        f"test_isolation.py:{line} test_where_names_the_tests_frame_and_the_innermost_one"
 
 
 # -- the controller's one line from a dead worker's fault record ----------------------------------
