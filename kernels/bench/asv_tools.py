@@ -272,8 +272,8 @@ def load(results_dir: str, machine: str, commit: str) -> dict[tuple[str, tuple[s
             values = res.get_result_value(key, params)
             samples = res.get_result_samples(key, params)
             stats = res.get_result_stats(key, params)
-            if not params:
-                values, samples, stats = [values], [samples], [stats]
+            # An unparametrized benchmark's fields come as one-element lists too (asv's
+            # _compatible_results), matching its one combination, ().
             for combo, value, sample, stat in zip(combos, values, samples, stats, strict=True):
                 if value is not None and isinstance(value, float) and math.isnan(value):
                     value = None
@@ -426,8 +426,8 @@ def resolution(rows: list[Row], target: float = TARGET_CHANGE) -> str:
              f"(range {gaps[0]:.1%}-{gaps[-1]:.1%}); {len(coarse)} cannot call {target:.0%}"
              + (":" if coarse else "")]
     lines += [f"  {row.benchmark.removeprefix('benchmarks.')}("
-              f"{', '.join(p.strip(chr(39)) for p in row.params)}): {row.gap:.1%}, {row.why}"
-              for row in coarse]
+              f"{', '.join(p.strip(chr(39)) for p in row.params)}): {row.gap:.1%}, "
+              f"{row.why or 'the gap asked for (--min-gap)'}" for row in coarse]
     return "\n".join(lines)
 
 
@@ -467,8 +467,8 @@ def render_markdown(rows: list[Row], heading: str) -> str:
                          + (f"{row.ratio:.3f}" if row.ratio is not None else "-") + " |")
         return lines
 
-    counts = {word: sum(row.verdict == word for row in rows)
-              for word in sorted({row.verdict for row in rows}, key=rank)}
+    counts = {word: sum(row.verdict == word for row in rows)  # unknown verdicts by name
+              for word in sorted({row.verdict for row in rows}, key=lambda w: (rank(w), w))}
     lines = [f"### {heading}", "",
              ", ".join(f"**{n} {word}**" if word in ("FAILED on head", "slower") else
                        f"{n} {word}" for word, n in counts.items()) or "no results", ""]

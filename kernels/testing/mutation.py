@@ -112,7 +112,8 @@ TARGETS = (
            tests=("perf_tests/tests/test_perfcheck.py",)),
     Target(name="asv-verdicts", modules=("kernels/bench/asv_tools.py",),
            tests=("correctness_tests/test_asv_tools.py", "correctness_tests/test_asv_verdicts.py",
-                  "correctness_tests/test_job_summary.py", "-k", "not machine")),
+                  "correctness_tests/test_asv_results.py", "correctness_tests/test_job_summary.py",
+                  "-k", "not machine")),
     # test_cli_errors.py builds every parser in most of its 73 tests (7 s a mutant here): the
     # defaults' own tests alone keep this target to minutes.
     Target(name="cli-defaults", modules=("kernels/cli/*.py",),
