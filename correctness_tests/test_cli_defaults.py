@@ -51,6 +51,43 @@ def test_every_command_has_its_handler_and_well_formed_documented_options():
             assert action.help, (name, action.dest)
             for option in action.option_strings:
                 assert re.fullmatch(r"--[a-z][a-z0-9-]*|-h", option), (name, option)
+            if not action.option_strings:  # a positional: its name is what --help shows
+                assert re.fullmatch(r"[a-z][a-z_]*", action.dest), (name, action.dest)
+    (sub,) = (a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    listed = {choice.dest: choice.help for choice in sub._choices_actions}
+    assert set(listed) == set(commands) and all(
+        text and not text.isupper() for text in listed.values()), listed
+
+
+# Options whose value is free text: names looked up where they are used (an operation, an
+# implementation, a case, tags, an asv machine, a benchmark regex, families and operations of
+# gate-power, faults of the drill) and files a command writes. Every other option that takes a
+# value checks it as it is parsed (a type or choices), so a typo fails there, in one line.
+FREE_TEXT = {"op", "impl", "case", "tags", "machine", "bench", "families", "ops", "faults",
+             "json", "summary_md", "out"}
+
+
+def test_every_option_that_takes_a_value_checks_it_unless_it_is_a_name_or_a_file():
+    checked = 0
+    for name, parser in _commands().items():
+        for action in parser._actions:
+            if action.nargs == 0 or action.dest in FREE_TEXT:
+                continue
+            assert action.type is not None or action.choices is not None, (name, action.dest)
+            checked += 1
+    assert checked >= 40, checked
+
+
+def test_options_said_to_repeat_or_defaulting_to_lists_take_several_values():
+    """"(repeatable)" in a help means the option may be given again (append); a list default
+    means the option takes several values at once (nargs + or *)."""
+    for name, parser in _commands().items():
+        for action in parser._actions:
+            if "repeatable" in (action.help or ""):
+                assert isinstance(action, argparse._AppendAction), (name, action.dest)
+            if isinstance(action.default, list):
+                assert action.nargs in ("+", "*") or isinstance(action, argparse._AppendAction), \
+                    (name, action.dest)
 
 
 def test_the_help_states_each_literal_default_the_option_has():

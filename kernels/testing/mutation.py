@@ -469,9 +469,13 @@ def _prepare(target: Target, keep_results: bool = False) -> pathlib.Path:
         "process_isolation": target.isolation,
         "forkserver_warmup": "import",
         "preload_modules_file": str(work / "preload.txt"),
-        # A mutant's tests may run this long past their own time before they count as hung
-        # (and killed): mutmut's 1 s let a busy machine's slow start read as a kill.
-        "timeout_constant": 30.0,
+        # A mutant's tests may run (their own time + 20 s) x 1.5 of wall time before they
+        # count as hung (and killed); mutmut allows that x 2 of CPU time. mutmut's own 1 s let
+        # a busy machine's slow start read as a kill; its multiplier of 15 let each hung
+        # mutant hold a child for 7.5 minutes or more (2026-11-27: the isolation target sat
+        # 7 minutes on one mutant of a loop over an exception's causes).
+        "timeout_constant": 20.0,
+        "timeout_multiplier": 1.5,
         "debug": bool(os.environ.get("MUTATION_DEBUG")),
     }
     lines = ["", "[tool.mutmut]"] + [f"{key} = {json.dumps(value)}"
