@@ -5,6 +5,7 @@ implementations (kernels/testing/faults.py's --plant-fault)."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import subprocess
@@ -559,6 +560,138 @@ def test_the_drill_fails_when_a_fault_escapes_and_not_for_its_comparison_runs():
     assert drill.report([comparison], lines.append) == 0
     assert drill.report([escaped, comparison], lines.append) == 1
     assert lines[-1] == "fault-drill: NOT CONTAINED: sticky (pytest)"
+
+
+def test_the_drills_table_gives_each_run_its_counts_wall_and_result():
+    lines: list[str] = []
+    rows = [drill.Row("abort", "pytest", 1, 1, 0, 4, 4, 41.4, True, "crash in x:\n  Aborted"),
+            drill.Row("hang", "asv", 1, 1, 0, 1, 1, 900.2, False, ""),
+            drill.Row("sticky", "pytest --no-isolation", 1, 1, 4, 0, 4, 21.0, True, "")]
+    assert drill.report(rows, lines.append) == 1  # the hang's run was killed at its limit
+    table = [line.split("  ") for line in lines[0].splitlines()[2:]]
+    cells = [[cell.strip() for cell in row if cell.strip()] for row in table]
+    assert cells == [["abort", "pytest", "1/1", "0", "4/4", "41 s", "contained"],
+                     ["hang", "asv", "1/1", "0", "1/1", "900 s (killed)", "NOT CONTAINED"],
+                     ["sticky", "pytest --no-isolation", "1/1", "4", "0/4", "21 s",
+                      "(comparison)"]]
+    assert lines[0].splitlines()[0].split() == [
+        "fault", "run", "planted", "failed", "others", "failed", "others", "kept", "wall",
+        "result"]
+    # Each failure's first words on one line (whitespace folded), then the verdict.
+    assert lines[1:] == ["  abort / pytest: crash in x: Aborted",
+                         "fault-drill: NOT CONTAINED: hang (asv)"]
+    lines.clear()
+    assert drill.report(rows[:1], lines.append) == 0
+    assert lines[-1] == ("fault-drill: every fault failed its own items only; the others' "
+                         "results were kept")
+    assert drill._shorten("a  b\n c " + "x" * 400, 20) == "a b c xxxxxxxxxxx..."
+
+
+@pytest.mark.parametrize("row,contained", [
+    (drill.Row("f", "pytest", 2, 2, 0, 3, 3, 1.0, True, ""), True),
+    (drill.Row("f", "pytest", 1, 2, 0, 3, 3, 1.0, True, ""), False),  # a planted item passed
+    (drill.Row("f", "pytest", 0, 0, 0, 3, 3, 1.0, True, ""), False),  # the planted never ran
+    (drill.Row("f", "pytest", 2, 2, 1, 3, 3, 1.0, True, ""), False),  # another one failed
+    (drill.Row("f", "pytest", 2, 2, 0, 2, 3, 1.0, True, ""), False),  # a result was lost
+    (drill.Row("f", "pytest", 2, 2, 0, 3, 3, 1.0, False, ""), False),  # killed at its limit
+])
+def test_a_fault_is_contained_only_when_every_part_of_the_row_says_so(row, contained):
+    assert row.contained is contained
+
+
+def test_the_drill_reads_the_supervisors_reason_for_each_failed_implementation(tmp_path):
+    from kernels.core import journals
+
+    (tmp_path / "asv.conf.json").write_text(json.dumps({"env_dir": "envs"}))
+    commit = "0123456789abcdef"
+    journal = tmp_path / "envs" / "e1" / journals.MEASUREMENTS / f"{commit[:12]}-77"
+    journal.mkdir(parents=True)
+    (journal / f"{drill.OP}.jsonl").write_text("\n".join(json.dumps(e) for e in (
+        {"event": "failed", "key": "softmax/xla/f32-64x1000/fwd", "reason": "timed out"},
+        {"event": "failed", "key": "softmax/xla/f32-64x1000/bwd", "reason": "later"},
+        {"event": "measured", "key": "softmax/torch/f32-64x1000/fwd"},
+        {"event": "failed", "key": "softmax/cuda/f32-64x1000/fwd"})) + "\n")
+    # Another commit's journal and another operation's are not read.
+    other = tmp_path / "envs" / "e1" / journals.MEASUREMENTS / "fedcba987654-1"
+    other.mkdir()
+    (other / f"{drill.OP}.jsonl").write_text(json.dumps(
+        {"event": "failed", "key": "softmax/pallas/c/fwd", "reason": "x"}) + "\n")
+    (journal / "matmul.jsonl").write_text(json.dumps(
+        {"event": "failed", "key": "matmul/triton/c/fwd", "reason": "x"}) + "\n")
+    assert drill.journal_failures(tmp_path, commit) == {"xla": "timed out", "cuda": ""}
+
+
+def _node(worker_id="gw2", code=None, raises=False):
+    def wait(timeout):
+        assert timeout > 0
+        if raises:
+            raise OSError("gone")
+        return code
+
+    popen = types.SimpleNamespace(wait=wait)
+    return types.SimpleNamespace(gateway=types.SimpleNamespace(
+        id=worker_id, _io=types.SimpleNamespace(popen=popen)))
+
+
+@pytest.mark.parametrize("code,words", [
+    (-6, "killed by SIGABRT"), (-9, "killed by SIGKILL"), (-1, "killed by SIGHUP"),
+    (-200, "killed by signal 200"),
+    (isolation.EXIT_TIMEOUT, "ended itself at the limit"),
+    (isolation.EXIT_POISONED, "ended itself after a device fault"), (3, "exit 3"),
+    (0, "exit 0"), (None, "exit None"),
+])
+def test_a_dead_workers_exit_is_named(code, words):
+    assert isolation._Controller._exit_status(_node(code=code)) == words
+
+
+def test_a_dead_worker_whose_status_cannot_be_read_says_so():
+    assert isolation._Controller._exit_status(_node(raises=True)) == "exit status unknown"
+
+
+def _controller(tmp_path):
+    controller = isolation._Controller.__new__(isolation._Controller)
+    controller.directory = str(tmp_path)
+    controller._labels = None
+    controller.contained = []
+    controller._contained = controller.contained.append
+    return controller
+
+
+def test_a_node_id_is_labelled_as_its_kernel_item_or_by_its_test_name(tmp_path):
+    controller = _controller(tmp_path)
+    node = "correctness_tests/test_kernels.py::test_matches_reference"
+    assert controller.label(f"{node}[softmax-xla-f32-37x128-normal]") == \
+        "softmax-xla f32-37x128 (normal inputs)"
+    assert controller.label(f"{node}[softmax-nope-f32-37x128-normal]") == \
+        "test_matches_reference[softmax-nope-f32-37x128-normal]"
+    assert controller.label("correctness_tests/test_x.py::TestY::test_z") == "test_z"
+
+
+def test_blame_takes_a_hangs_own_line_else_builds_one_from_the_fault_record(tmp_path):
+    controller = _controller(tmp_path)
+    node = "correctness_tests/test_x.py::test_y"
+    key = isolation._key(node)
+    (tmp_path / f"reason-{key}.json").write_text(json.dumps(
+        {"kind": "timeout", "message": "timeout in test_y: no result after 30 s"}))
+    assert controller.blame(node, _node(code=-9)) == "timeout in test_y: no result after 30 s"
+    assert not (tmp_path / f"reason-{key}.json").exists()  # read once
+    # No note: a crash, named with the worker's record and how it ended.
+    assert controller.blame(node, _node("gw5", code=-6)) == (
+        "crash in test_y: no Python fault record (worker gw5 killed by SIGABRT; replaced)")
+    (tmp_path / "fault-gw5.txt").write_text(
+        'Timeout (0:00:35)!\n\nThread 0x1 (most recent call first):\n'
+        '  File "/r/kernels/k.py", line 9 in spin\n'
+        '  File "/r/correctness_tests/test_x.py", line 4 in test_y\n'
+        '  File "/usr/lib/_pytest/runner.py", line 1 in call\n')
+    assert controller.blame(node, _node("gw5", code=isolation.EXIT_TIMEOUT)) == (
+        "timeout in test_y: no result after 0:00:35 with the GIL held, ended by faulthandler's"
+        " watchdog at test_x.py:4 test_y -> k.py:9 spin (worker gw5 ended itself at the "
+        "limit; replaced)")
+    # Every line blamed is also the run's record of a contained fault.
+    assert len(controller.contained) == 3 and controller.contained[:2] == [
+        "timeout in test_y: no result after 30 s",
+        "crash in test_y: no Python fault record (worker gw5 killed by SIGABRT; replaced)"]
+    assert controller.contained[2].startswith("timeout in test_y: no result after 0:00:35")
 
 
 def test_a_tool_the_drill_waits_on_shows_its_latest_output_and_is_killed_at_its_limit(
