@@ -306,6 +306,10 @@ def test_the_gates_bench_clears_the_dashboard_variable_and_selects_nothing_by_de
     asv_tools.bench(["b"], dashboard=False)
     assert calls == [(("run", "--machine", "test-gpu", "--show-stderr", "--record-samples",
                        "b" * 40 + "^!"), None, "1")]
+    # And where it was never set (a fresh shell), there is nothing to clear: no error.
+    monkeypatch.delenv(asv_tools.DASHBOARD_VARIABLE, raising=False)
+    asv_tools.bench(["b"], dashboard=False)
+    assert calls[-1][1] is None
 
 
 @pytest.mark.parametrize("stop", [KeyboardInterrupt(),

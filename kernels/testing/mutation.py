@@ -346,6 +346,19 @@ EQUIVALENT: dict[str, str] = {
        for n in (75, 85)},
     "kernels.bench.asv_tools.x_threshold__mutmut_25":
         ">= for > at a floor equal to the noise: the same gap, a tie in which reason is shown",
+    **{f"kernels.bench.asv_tools.x__method__mutmut_{n}":
+       "rsplit at every dot, or the last two: the last part is the same" for n in (4, 7)},
+    "kernels.bench.asv_tools.x__short__mutmut_10":
+        "1000001 for 1e6 us per second: under 20 us it moves the value by under 0.00002 us, "
+        "below the one decimal shown",
+    **{f"kernels.bench.asv_tools.x_load__mutmut_{n}":
+       "zip's strict off: asv gives one value, sample list and stats per combination, so "
+       "the lengths always match" for n in (35, 40, 41)},
+    "kernels.bench.asv_tools.x_load__mutmut_14":
+        "product() of no parameter lists is [()], what the else gives",
+    **{f"kernels.bench.asv_tools.x_{function}__mutmut_{n}":
+       "the JSON file's indentation: the same data" for function, n in (
+           ("learn_floors", 82), ("run", 137), ("run", 139), ("run", 141))},
     **{f"kernels.bench.asv_tools.x_verdict__mutmut_{n}":
        "a boundary at ratio 1, which a row past its gap never has" for n in (105, 115, 117)},
     "kernels.bench.asv_tools.x_verdict__mutmut_50":
