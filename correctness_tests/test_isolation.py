@@ -6,8 +6,10 @@ implementations (kernels/testing/faults.py's --plant-fault)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,7 +18,7 @@ import types
 import numpy as np
 import pytest
 
-from kernels.core import registry
+from kernels.core import registry, validation
 from kernels.testing import drill, faults, isolation
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -692,6 +694,75 @@ def test_blame_takes_a_hangs_own_line_else_builds_one_from_the_fault_record(tmp_
         "timeout in test_y: no result after 30 s",
         "crash in test_y: no Python fault record (worker gw5 killed by SIGABRT; replaced)"]
     assert controller.contained[2].startswith("timeout in test_y: no result after 0:00:35")
+
+
+def test_settle_closes_what_finished_returns_the_item_that_died_and_requeues_the_rest(
+        tmp_path):
+    """A dead worker's queue: its reported items stay done, the one it died in goes to xdist
+    to report, an item retired after another showed a fault is contained, and one that never
+    started is requeued, REQUEUE_LIMIT times at most, then returned to be failed."""
+    controller = _controller(tmp_path)
+    controller.finished, controller.started = {"t::b"}, {"t::c"}
+    controller.requeued, controller.between = {}, []
+    for nodeid, kind, message in (("t::b", "timeout", "poisoned after b"),
+                                  ("t::d", "retired", "d retired: a fault in c")):
+        (tmp_path / f"reason-{isolation._key(nodeid)}.json").write_text(
+            json.dumps({"kind": kind, "message": message}))
+    unit = {"t::a": True, "t::b": False, "t::c": False}
+    assert controller.settle(_node(), {"scope": unit}) == "t::c"
+    assert unit == {"t::a": True, "t::b": True, "t::c": True}
+    assert controller.contained == ["poisoned after b"]
+    assert controller.settle(_node(), {"scope": unit}) is None  # nothing left open
+
+    retired = {"t::d": False}
+    assert controller.settle(_node(), {"scope": retired}) is None
+    assert retired == {"t::d": False} and controller.requeued == {}
+    assert controller.contained[-1] == "d retired: a fault in c"
+
+    never = {"t::e": False, "t::f": False}
+    for attempt in range(1, isolation.REQUEUE_LIMIT + 1):
+        assert controller.settle(_node("gw7", code=-11), {"scope": never}) is None
+        assert never == {"t::e": False, "t::f": False}
+        assert controller.requeued == {"t::e": attempt}
+    assert controller.between[-1] == (
+        "worker gw7 died between items (no Python fault record; killed by SIGSEGV); its "
+        "queue, from t::e, was requeued")
+    assert len(controller.between) == isolation.REQUEUE_LIMIT
+    assert controller.settle(_node("gw7", code=-11), {"scope": never}) == "t::e"
+    assert never == {"t::e": True, "t::f": False}
+
+
+@pytest.mark.parametrize("flags,message", [
+    (dict(platform="tpu"), "platform: expected 'gpu' or 'cpu', got 'tpu'"),
+    (dict(tools=()), "tools: expected some of ['pytest', 'asv'], got []"),
+    (dict(tools=("pytest", "ctest")), "tools: expected some of ['pytest', 'asv'], got "
+                                      "['pytest', 'ctest']"),
+    (dict(workers=0), "workers: expected >= 1 (isolation replaces workers), got 0"),
+    (dict(item_limit_s=0.0), "item_limit_s: expected seconds > 0, got 0.0"),
+    (dict(item_limit_s=math.inf), "item_limit_s: expected seconds > 0, got inf"),
+    (dict(item_limit_s=10.0, run_limit_s=10.0),
+     "run_limit_s: expected more than the item limit (10 s), got 10.0"),
+    (dict(item_limit_s=10.0, run_limit_s=math.inf),
+     "run_limit_s: expected more than the item limit (10 s), got inf"),
+])
+def test_drill_settings_refuse_each_bad_value_naming_it(flags, message):
+    flags = {"platform": "cpu", **flags}
+    with pytest.raises(ValueError) as refused:
+        drill.Settings(**flags)
+    assert str(refused.value) == message
+    with pytest.raises(validation.UserError, match=re.escape(message)):
+        drill.settings_from(**flags)
+
+
+def test_drill_settings_take_the_platforms_defaults_and_the_smallest_valid_values():
+    for platform in ("cpu", "gpu"):
+        settings = drill.Settings(platform=platform, workers=1)
+        assert settings.chosen_faults == faults.DRILL_DEFAULTS[platform]
+        assert settings.item_limit == drill.ITEM_LIMIT_S[platform]
+        assert settings.tools == drill.TOOLS
+    chosen = drill.Settings(platform="cpu", faults=("abort",), item_limit_s=5.0,
+                            run_limit_s=5.5)
+    assert (chosen.chosen_faults, chosen.item_limit) == (("abort",), 5.0)
 
 
 def test_a_tool_the_drill_waits_on_shows_its_latest_output_and_is_killed_at_its_limit(
