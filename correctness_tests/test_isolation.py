@@ -765,6 +765,57 @@ def test_drill_settings_take_the_platforms_defaults_and_the_smallest_valid_value
     assert (chosen.chosen_faults, chosen.item_limit) == (("abort",), 5.0)
 
 
+def test_the_drill_shows_the_last_written_line_of_a_growing_log(tmp_path):
+    log = tmp_path / "tool.log"
+    assert drill._last_line(log) == ""  # not written yet
+    log.write_bytes(b"")
+    assert drill._last_line(log) == ""
+    # Progress redrawn with carriage returns, blank lines after it, and an early part of the
+    # log beyond the 4 KiB read: the last line with text, its whitespace folded, shortened.
+    log.write_bytes(b"x" * 10_000 + b"\nfirst\r[ 10%]  a   b\r\n\n  \n")
+    assert drill._last_line(log) == "[ 10%] a b"
+    log.write_bytes(b"start" + b"y" * 5000)  # a line longer than the 4 KiB read: its end
+    assert drill._last_line(log, width=20) == "y" * 17 + "..."
+    log.write_bytes("\u00e9t\u00e9 \xff".encode("latin-1"))  # not UTF-8: replaced, not raised
+    assert drill._last_line(log).startswith("\ufffdt\ufffd")
+
+
+def test_junit_outcomes_keep_a_failure_over_a_pass_of_the_same_item(tmp_path):
+    """An item's teardown error comes as a second testcase of the same name: failed wins,
+    whichever comes first; only parametrized items (a test id in brackets) are read."""
+    junit = tmp_path / "j.xml"
+    assert drill.junit_outcomes(junit) == {}
+    junit.write_text(textwrap.dedent("""\
+        <testsuites><testsuite>
+          <testcase name="test_plain"><failure message="not a kernel item"/></testcase>
+          <testcase name="test_k[softmax-xla-a]"/>
+          <testcase name="test_k[softmax-xla-a]"><error message="teardown: sticky&#10;more"/>
+          </testcase>
+          <testcase name="test_k[softmax-torch-a]"><failure message="wrong&#10;values"/></testcase>
+          <testcase name="test_k[softmax-torch-a]"/>
+          <testcase name="test_k[softmax-cuda-a]"><skipped message="no GPU"/></testcase>
+          <testcase name="test_k[softmax-triton-a]"><failure/></testcase>
+          <testcase name="test_k[softmax-pallas-[x]]"/>
+        </testsuite></testsuites>"""))
+    assert drill.junit_outcomes(junit) == {
+        "softmax-xla-a": ("failed", "teardown: sticky"),
+        "softmax-torch-a": ("failed", "wrong"),
+        "softmax-cuda-a": ("skipped", ""),
+        "softmax-triton-a": ("failed", ""),
+        "softmax-pallas-[x]": ("passed", "")}
+
+
+def test_a_pytest_row_counts_the_planted_implementation_against_the_others():
+    outcomes = {"softmax-xla-a": ("failed", "first"), "softmax-xla-b": ("failed", "second"),
+                "softmax-xla-c": ("skipped", ""), "softmax-xla_fused-a": ("passed", ""),
+                "softmax-torch-a": ("passed", ""), "softmax-torch-b": ("failed", "x"),
+                "softmax-cuda-a": ("skipped", "")}
+    row = drill.pytest_row("abort", "xla", outcomes, 12.5, False, tool="pytest --no-isolation")
+    assert row == drill.Row("abort", "pytest --no-isolation", 2, 2, 1, 2, 3, 12.5, False,
+                            "first")
+    assert drill.pytest_row("abort", "nope", outcomes, 1.0, True).planted_ran == 0
+
+
 def test_a_tool_the_drill_waits_on_shows_its_latest_output_and_is_killed_at_its_limit(
         tmp_path, monkeypatch):
     monkeypatch.setattr(drill, "HEARTBEAT_S", 0.2)
