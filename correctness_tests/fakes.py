@@ -86,6 +86,22 @@ def asv_timed(center: float, spread: float, n: int = 20, seed: int = 0):
     return asv_result(list(center + spread * np.random.default_rng(seed).standard_normal(n)))
 
 
+def asv_result_file(root: Path, machine: str, commit: str, rows: dict[str, list],
+                    columns: tuple[str, ...] = ("result", "params", "version",
+                                                "started_at")) -> Path:
+    """`commit`'s result file of `machine` in the asv results folder `root` (its
+    machine.json too), as asv 0.6 stores it: `rows` maps a benchmark to its row, one entry
+    per name in `columns`."""
+    (root / machine).mkdir(parents=True, exist_ok=True)
+    (root / machine / "machine.json").write_text(json.dumps({"machine": machine, "version": 1}))
+    path = root / machine / f"{commit[:8]}-env.json"
+    path.write_text(json.dumps({
+        "commit_hash": commit, "env_name": "env", "date": 1, "python": "3.12",
+        "params": {"machine": machine}, "requirements": {}, "env_vars": {}, "durations": {},
+        "version": 2, "result_columns": list(columns), "results": rows}))
+    return path
+
+
 def asv_results_folder(root: Path, machine: str, listing: dict,
                        results: dict[str, dict[str, tuple]]) -> Path:
     """An asv results folder at `root`: `machine`'s machine.json, `listing` as
@@ -94,10 +110,8 @@ def asv_results_folder(root: Path, machine: str, listing: dict,
     (root / machine).mkdir(parents=True)
     (root / machine / "machine.json").write_text(json.dumps({"machine": machine, "version": 1}))
     for commit, rows in results.items():
-        (root / machine / f"{commit}-env.json").write_text(json.dumps({
-            "commit_hash": commit, "params": {"machine": machine}, "version": 2,
-            "result_columns": ["result", "params", "version", "started_at"],
-            "results": {name: [[1.0] * len(params[0]), params, version, started]
-                        for name, (params, version, started) in rows.items()}}))
+        asv_result_file(root, machine, commit, {
+            name: [[1.0] * len(params[0]), params, version, started]
+            for name, (params, version, started) in rows.items()})
     (root / "benchmarks.json").write_text(json.dumps({**listing, "version": 2}))
     return root

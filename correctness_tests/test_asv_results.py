@@ -28,6 +28,7 @@ import pytest
 if importlib.util.find_spec("asv") is None:
     pytest.skip("needs asv (pip install asv)", allow_module_level=True)
 
+from correctness_tests import fakes  # noqa: E402
 from kernels.bench import asv_tools  # noqa: E402
 
 TIME = "benchmarks.Softmax.time_device"
@@ -52,13 +53,7 @@ def _entry(params: list[list[str]], values: list, started_at: float,
 
 def _results_folder(root: Path, machine: str, commit: str, rows: dict[str, list]) -> Path:
     """`rows` (benchmark -> `_entry`) as asv stores `commit`'s results for `machine`."""
-    folder = root / machine
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "machine.json").write_text(json.dumps({"machine": machine, "version": 1}))
-    (folder / f"{commit[:8]}-env.json").write_text(json.dumps({
-        "commit_hash": commit, "env_name": "env", "date": 1, "python": "3.12",
-        "params": {"machine": machine, "python": "3.12"}, "requirements": {}, "env_vars": {},
-        "result_columns": COLUMNS, "results": rows, "durations": {}, "version": 2}))
+    fakes.asv_result_file(root, machine, commit, rows, tuple(COLUMNS))
     return root
 
 

@@ -12,6 +12,7 @@ import pytest
 if importlib.util.find_spec("asv") is None:  # third-party only: see test_test_hygiene
     pytest.skip("needs asv (pip install asv)", allow_module_level=True)
 
+from correctness_tests import fakes  # noqa: E402
 from kernels.bench import asv_tools  # noqa: E402
 
 TRACK = "benchmarks.Softmax.track_tflops"  # higher is better, no samples
@@ -139,10 +140,7 @@ def test_the_default_gap_calls_the_target_change_where_samples_are_tight(change,
     same. Every other verdict test passes its own gap, so a gap widened inside verdict or
     threshold (say to 15%) passed them all."""
     def result(centre):
-        samples = [centre * (1 + 5e-4 * (i - 9.5) / 9.5) for i in range(20)]
-        return asv_tools.Result(centre, samples, {"ci_99_a": centre * 0.999,
-                                                  "ci_99_b": centre * 1.001, "q_25": centre,
-                                                  "q_75": centre, "repeat": 20, "number": 1})
+        return fakes.asv_result([centre * (1 + 5e-4 * (i - 9.5) / 9.5) for i in range(20)])
 
     assert asv_tools.verdict(TIME, result(1e-3), result(1e-3 * change)) == \
         (pytest.approx(change), word)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from correctness_tests import fakes
 from kernels.bench import history
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -212,17 +213,8 @@ def test_a_run_picks_the_newest_gaps_or_spreads_over_the_window(tmp_path, spread
         git(repo, "add", "n.txt")
         git(repo, "commit", "-q", "-m", f"commit {number}")
         commits.append(git(repo, "rev-parse", "HEAD"))
-    machine_dir = tmp_path / "results" / MACHINE
-    machine_dir.mkdir(parents=True)
-    (machine_dir / "machine.json").write_text(json.dumps({"machine": MACHINE, "version": 1}))
-    # A result file as asv writes it (a shipped one), moved to this machine and commit.
-    shipped = json.loads(next((ROOT / "perf_tests/results/asv/nvidia-h100-80gb-hbm3")
-                              .glob("*-kernelperf-*.json")).read_text())
     for number in (7, 4):
-        result = {**shipped, "commit_hash": commits[number],
-                  "params": {**shipped["params"], "machine": MACHINE}}
-        (machine_dir / f"{commits[number][:8]}-{shipped['env_name']}.json").write_text(
-            json.dumps(result))
+        fakes.asv_result_file(tmp_path / "results", MACHINE, commits[number], {})
     settings = history.History(root=repo, results_dir=tmp_path / "results", max_commits=4,
                                window=10, spread=spread)
     assert history.benchmarked(settings, MACHINE) == {commits[7], commits[4]}

@@ -196,9 +196,21 @@ def test_where_names_the_tests_frame_and_the_innermost_one():
 
 # -- the controller's one line from a dead worker's fault record ----------------------------------
 
-def test_a_fatal_signal_record_becomes_one_line_with_the_test_and_the_innermost_frame(tmp_path):
+def _controller(tmp_path, plugins: dict | None = None) -> isolation._Controller:
+    """The controller-side plugin as pytest_configure leaves it, its records in `tmp_path`,
+    `plugins` what its plugin manager holds (xdist's dsession, the scheduler's lookups)."""
     controller = isolation._Controller.__new__(isolation._Controller)
-    controller.directory = str(tmp_path)
+    lookup = {} if plugins is None else plugins
+    config = types.SimpleNamespace(pluginmanager=types.SimpleNamespace(get_plugin=lookup.get),
+                                   option=types.SimpleNamespace(loadscopereorder=False))
+    controller.__dict__.update(config=config, directory=str(tmp_path), started=set(),
+                               finished=set(), requeued={}, contained=[], between=[],
+                               user_restarts=True, _labels=None)
+    return controller
+
+
+def test_a_fatal_signal_record_becomes_one_line_with_the_test_and_the_innermost_frame(tmp_path):
+    controller = _controller(tmp_path)
     (tmp_path / "fault-gw3.txt").write_text(textwrap.dedent("""\
         Fatal Python error: Aborted
 
@@ -253,16 +265,14 @@ def _scheduler(tmp_path, isolating: bool = True):
         def _split_scope(self, nodeid):
             return nodeid
 
-    controller = isolation._Controller.__new__(isolation._Controller)
-    plugins = {"kernelperf-isolation-controller": controller} if isolating else {}
-    config = types.SimpleNamespace(pluginmanager=types.SimpleNamespace(get_plugin=plugins.get),
-                                   option=types.SimpleNamespace(loadscopereorder=False))
-    controller.__dict__.update(config=config, directory=str(tmp_path), started=set(),
-                               finished=set(), requeued={}, contained=[], between=[],
-                               user_restarts=True, _labels={})
+    plugins: dict = {}
+    controller = _controller(tmp_path, plugins)
+    if isolating:
+        plugins["kernelperf-isolation-controller"] = controller
     sched = Scheduling.__new__(Scheduling)
     sched.__dict__.update(numnodes=2, collection=None, workqueue={}, assigned_work={},
-                          registered_collections={}, config=config, log=lambda *a: None)
+                          registered_collections={}, config=controller.config,
+                          log=lambda *a: None)
     from collections import OrderedDict
 
     sched.workqueue = OrderedDict()
@@ -648,15 +658,6 @@ def test_a_dead_workers_exit_is_named(code, words):
 
 def test_a_dead_worker_whose_status_cannot_be_read_says_so():
     assert isolation._Controller._exit_status(_node(raises=True)) == "exit status unknown"
-
-
-def _controller(tmp_path):
-    controller = isolation._Controller.__new__(isolation._Controller)
-    controller.directory = str(tmp_path)
-    controller._labels = None
-    controller.contained = []
-    controller._contained = controller.contained.append
-    return controller
 
 
 def test_a_node_id_is_labelled_as_its_kernel_item_or_by_its_test_name(tmp_path):

@@ -169,11 +169,8 @@ def new_commits(history: History, machine: str) -> list[str]:
     missing = [commit for commit in recent if commit not in done]
     if not history.spread or len(missing) <= history.max_commits:
         return missing[:history.max_commits]
-    if history.max_commits == 1:
-        return missing[:1]
-    last = len(missing) - 1
-    return [missing[round(i * last / (history.max_commits - 1))]
-            for i in range(history.max_commits)]
+    step = (len(missing) - 1) / max(1, history.max_commits - 1)
+    return [missing[round(i * step)] for i in range(history.max_commits)]
 
 
 def _asv_config(history: History) -> dict:
