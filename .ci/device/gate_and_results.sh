@@ -1,7 +1,7 @@
 # Issue 15: gate-power rounds (GATE_ARGS), then this model's asv results (kernels bench, the
 # softmax forward at one size, dashboard metrics included) packed into $OUT/results.tgz.
 source .ci/device/common.sh
-cd /tmp/repo
+cd "$REPO"
 stamp gate-power
 timeout ${GATE_TIMEOUT:-300} python3 -m kernels gate-power ${GATE_ARGS:-} > "$OUT/gate.log" 2>&1
 echo "gate-power exit $?"

@@ -4,8 +4,8 @@
 # The sharded row needs 2 GPUs (nvidia-h100-x2): GATE_ARGS="--families sharded --sizes 2%
 # --trials 3 --no-speedup" (about 6 minutes there, 2026-11-27).
 source .ci/device/common.sh
-export HOME=/tmp/fresh-home && mkdir -p "$HOME"
-cd /tmp/repo
+export HOME=$FRESH_HOME && mkdir -p "$HOME"
+cd "$REPO"
 stamp gate-power
 timeout ${GATE_TIMEOUT:-550} python3 -m kernels gate-power ${GATE_ARGS:-} > "$OUT/gate.log" 2>&1
 echo "gate-power exit $?"

@@ -3,7 +3,10 @@
 # breakdown pytest prints, peak GPU memory (nvidia-smi every 0.5 s) against the card; then
 # the quick tier; then wrong kernels planted at real size, which must fail.
 #
-#   .ci/device/gpu_pytest_check.sh full|quick|planted|all
+#   .ci/device/gpu_pytest_check.sh full|full-no-isolation|quick|planted|all
+#
+# full-no-isolation is `pytest -m gpu --no-isolation`: the cost of the fault isolation is
+# full's wall time against it (per_gpu.sh runs both at once on two GPUs of one host).
 #
 # Each stage stays under 10 minutes (pytest gets SIGINT at $LIMIT seconds, 560 by default,
 # and still prints its summary), so run them as separate calls of the device tool. Every
@@ -15,7 +18,7 @@ OUT=${OUT:-/tmp/kp-gpu-check}
 LIMIT=${LIMIT:-560}
 COLD=${COLD:-1}
 mkdir -p "$OUT"
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 fresh_caches() {  # $1: stage name
     if [ "$COLD" = 1 ]; then
@@ -27,7 +30,10 @@ fresh_caches() {  # $1: stage name
 }
 
 sample_memory() {  # $1: csv file; prints the sampler's pid
-    nvidia-smi --query-gpu=timestamp,memory.used,memory.total,utilization.gpu \
+    # This process's GPU only (NVML numbers GPUs as nvidia-smi does, whatever
+    # CUDA_VISIBLE_DEVICES says; per_gpu.sh gives each job one GPU by its index).
+    nvidia-smi ${CUDA_VISIBLE_DEVICES:+-i "$CUDA_VISIBLE_DEVICES"} \
+        --query-gpu=timestamp,memory.used,memory.total,utilization.gpu \
         --format=csv,noheader,nounits -lms 500 > "$1" 2>/dev/null &
     echo $!
 }
@@ -112,8 +118,9 @@ python3 -c "import jax, torch, triton, pytest, xdist; print('jax', jax.__version
 stage=${1:-all}
 case "$stage" in
     full) run_pytest full -m gpu ;;
+    full-no-isolation) run_pytest full-no-isolation -m gpu --no-isolation ;;
     quick) run_pytest quick -m "gpu and small" ;;
     planted) planted ;;
     all) run_pytest full -m gpu; run_pytest quick -m "gpu and small"; planted ;;
-    *) echo "usage: $0 full|quick|planted|all" >&2; exit 2 ;;
+    *) echo "usage: $0 full|full-no-isolation|quick|planted|all" >&2; exit 2 ;;
 esac

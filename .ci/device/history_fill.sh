@@ -8,10 +8,17 @@
 # for this GPU model) go to $OUT/results.tgz; copy the result files into
 # perf_tests/results/asv/<model>/ to ship them.
 #
+# OFFSET=n starts the window n first-parent commits below main's tip, so that jobs on several
+# GPUs of one host (per_gpu.sh) fill disjoint stretches of the history; the runner's own code
+# stays the tip's.
+#
 #   COMMITS=5 WINDOW=140 BENCH=time_device DIRECTIONS=fwd bash .ci/device/history_fill.sh
 source .ci/device/common.sh
-export HOME=/tmp/fresh-home && mkdir -p "$HOME"
-cd /tmp/repo || exit 1
+export HOME=$FRESH_HOME && mkdir -p "$HOME"
+cd "$REPO" || exit 1
+if [ "${OFFSET:-0}" != 0 ]; then
+    git checkout -q --detach main && git branch -f main "main~$OFFSET" || exit 1
+fi
 export KERNELPERF_BENCH_DIRECTIONS=${DIRECTIONS:-fwd}
 stamp "history: ${COMMITS:-5} commits over the last ${WINDOW:-140}, --bench ${BENCH:-time_device}"
 start=$(date +%s)

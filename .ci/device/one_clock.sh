@@ -6,7 +6,7 @@ KERNELPERF_TIME_BUDGET=${BUDGET:-1} timeout 330 python3 -m kernels verify-timing
     --calls 20 > "$OUT/verify.log" 2> "$OUT/verify.err"
 echo "verify-timing exit $?"
 stamp asv continuous, fresh HOME
-cd /tmp/repo
+cd "$REPO"
 git checkout -q -B head main && echo >> README.md && git commit -qam "A/A: README blank line"
 export HOME=$(mktemp -d)
 ls -la "$HOME"

@@ -6,7 +6,7 @@ KERNELPERF_TIME_BUDGET=1 timeout 200 python3 -m kernels verify-timing --repeats 
     --case 256x1024 --ncu > "$OUT/verify_small.log" 2> "$OUT/verify_small.err"
 echo "verify-timing exit $?"
 stamp asv continuous, fresh HOME
-cd /tmp/repo
+cd "$REPO"
 git checkout -q -B head main && echo >> README.md && git commit -qam "A/A: README blank line"
 ( export HOME=$(mktemp -d); ls -A "$HOME"
   KERNELPERF_BENCH_IMPLS=triton,cuda,pallas,xla KERNELPERF_BENCH_CASES=f32-32768x4096 \

@@ -1,7 +1,7 @@
 # Issue 15: asv results (dashboard metrics included) and a softmax roofline for this GPU model,
 # packed into $OUT/results.tgz for perf_tests/results/archive/. BENCH_IMPLS/BENCH_CASES narrow asv.
 source .ci/device/common.sh
-cd /tmp/repo
+cd "$REPO"
 stamp kernels bench
 KERNELPERF_BENCH_IMPLS=${BENCH_IMPLS:-} KERNELPERF_BENCH_CASES=${BENCH_CASES:-f32-32768x4096} \
 KERNELPERF_BENCH_DIRECTIONS=fwd timeout ${BENCH_TIMEOUT:-240} python3 -m kernels bench \

@@ -2,7 +2,7 @@
 # forward at one size, dashboard metrics included), a softmax roofline, then the perf tests
 # narrowed to the same case (no floors for this model: they must skip naming it).
 source .ci/device/common.sh
-cd /tmp/repo
+cd "$REPO"
 stamp kernels bench
 KERNELPERF_BENCH_CASES=f32-32768x4096 KERNELPERF_BENCH_DIRECTIONS=fwd \
     timeout ${BENCH_TIMEOUT:-250} python3 -m kernels bench --bench Softmax > "$OUT/bench.log" 2>&1

@@ -6,7 +6,7 @@
 # measuring journals hold). Needs the wheels and the bundle of .ci/device/README.md.
 source .ci/device/common.sh
 export NCCL_NVLS_ENABLE=0
-cd /tmp/repo
+cd "$REPO"
 stamp kernels bench
 KERNELPERF_BENCH_DIRECTIONS=${BENCH_DIRECTIONS:-fwd} timeout -s INT -k 30 ${BENCH_TIMEOUT:-240} \
     python3 -m kernels bench --bench "${BENCH:-Moe|ShardedMatmul|ShardedVmap|TransformerBlock}" \
