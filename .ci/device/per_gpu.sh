@@ -4,7 +4,8 @@
 # (REPO=/tmp/repo-gpu$i), its own empty HOME (FRESH_HOME=/tmp/home-gpu$i: JAX, Triton and nvcc
 # caches and ~/.asv-machine.json apart) and its own OUT ($OUT/gpu$i, its output in job.log
 # there). Each job is cut at JOB_LIMIT seconds (SIGINT first, as the scripts' own watchdogs
-# do); then each job's last lines are printed, in GPU order. The GPUs share the host's CPUs
+# do); then each job's last lines are printed, in GPU order, and every job's OUT is packed
+# into $OUT/per_gpu.tgz (the device tool brings back 8 files at most). The GPUs share the host's CPUs
 # and power: numbers compared with each other must come from the same job, or from two jobs
 # of the same call (say so where they are reported).
 #
@@ -42,3 +43,4 @@ for i in $(seq 0 $(($# - 1))); do
     echo "===== gpu $i: $(cat "$root/gpu$i/job.txt")"
     tail -n "$TAIL" "$root/gpu$i/job.log"
 done
+tar czf "$root/per_gpu.tgz" -C "$root" $(cd "$root" && ls -d gpu*) && rm -rf "$root"/gpu*
