@@ -216,6 +216,38 @@ def test_dashboard_publishes_shipped_and_local_results_together(tmp_path):
     assert len(lines) == 2 and "not shown" not in " ".join(lines), lines
 
 
+def test_one_gpu_models_results_from_several_hosts_draw_one_line(tmp_path):
+    """Results of one GPU model taken on a 16-core and a 64-core host get one set of params in
+    the published copy (asv draws a line per set), so its history is one line; a driver
+    change still starts another, and the shipped files are untouched."""
+    model = "nvidia-h100-80gb-hbm3"
+    commits = {commit: {BENCHMARK: (GPU_PARAMS, "1", at)}
+               for at, commit in enumerate(("c0ffee", "beef", "dead"))}
+    shipped = fakes.asv_results_folder(tmp_path / "shipped", model,
+                                       {BENCHMARK: _entry(GPU_PARAMS, "1")}, commits)
+    small = {"cpu": "Xeon; NVIDIA H100", "num_cpu": "16", "ram": "135", "os": "Linux 6.18"}
+    big = {**small, "num_cpu": "64", "ram": "540", "os": "Linux-6.18-x86_64"}
+    (shipped / model / "machine.json").write_text(json.dumps(
+        {"machine": model, **small, "driver": "580", "version": 1}))
+    for commit, params in (("c0ffee", small), ("beef", big), ("dead", {**big, "driver": "590"})):
+        path = shipped / model / f"{commit}-env.json"
+        result = json.loads(path.read_text())
+        result["params"] = {"machine": model, "driver": "580", **params}
+        path.write_text(json.dumps(result))
+
+    lines = dashboard.combine_results([shipped], tmp_path / "both")
+
+    def params(root: Path, commit: str) -> dict:
+        return json.loads((root / model / f"{commit}-env.json").read_text())["params"]
+
+    assert params(tmp_path / "both", "c0ffee") == params(tmp_path / "both", "beef")
+    assert params(tmp_path / "both", "dead") == {**params(tmp_path / "both", "beef"),
+                                                 "driver": "590"}
+    assert params(shipped, "beef")["num_cpu"] == "64"
+    assert f"{model}: 2 result(s) taken on other hosts of this machine drawn on its line " \
+           "(cpu, num_cpu, ram, os as in its machine.json)" in lines, lines
+
+
 def test_results_of_other_benchmark_versions_are_shown_per_machine(tmp_path):
     """A local list under another version (a benchmark edited here) hides no shipped result:
     each machine shows its newest run's version; that machine's older versions stay hidden,

@@ -89,6 +89,12 @@ _ASV_SCRIPT = re.compile(r'(<script[^>]*src="asv\.js"[^>]*>\s*</script>)')
 # The benchmark list `python -m kernels bench` last wrote (dashboard metrics included), kept
 # beside asv's folders: a plain `asv run` rewrites .asv/results/benchmarks.json without them.
 KEPT_LIST = ROOT / ".asv" / "dashboard-benchmarks.json"
+# Machine keys that describe the host rather than the device: asv draws one line per
+# distinct set of a result's params, and the lent VMs of one GPU model differ in these
+# (cores, memory, the form of the CPU and OS strings), which would cut that model's history
+# into one short line per host. The device's own keys (gpu, driver, cuda, sm_clock_mhz)
+# still split it.
+HOST_KEYS = ("cpu", "num_cpu", "ram", "os")
 # The browser and the Debian packages holding VENDOR's files.
 APT_PACKAGES = ("chromium", *dict.fromkeys(package for package, _ in VENDOR.values()))
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -330,6 +336,9 @@ def combine_results(sources: list[str | os.PathLike], into: str | os.PathLike, *
     run under other benchmark code never hides a GPU machine's results; that
     machine's results under older versions stay hidden. Both are named in the
     lines returned, with one line per source saying what it contributed.
+
+    Results of one machine (one GPU model) taken on several hosts are drawn as one line:
+    their HOST_KEYS are set, in this copy only, to the machine.json's.
     """
     into = Path(into)
     shutil.rmtree(into, ignore_errors=True)
@@ -376,9 +385,16 @@ def combine_results(sources: list[str | os.PathLike], into: str | os.PathLike, *
                 newest[key] = (started or 0, version)
     relabelled: dict[tuple[str, str], str] = {}
     hidden: dict[tuple[str, str], int] = {}
+    hosts: dict[str, int] = {}
     for path, result in files.items():
         at_version = _column(result, "version")
-        changed = False
+        machine = json.loads((path.parent / "machine.json").read_text())
+        host = {key: machine[key] for key in HOST_KEYS if key in machine}
+        params = result.setdefault("params", {})
+        changed = any(params.get(key) != value for key, value in host.items())
+        if changed:
+            params.update(host)
+            hosts[path.parent.name] = hosts.get(path.parent.name, 0) + 1
         for name, row in result.get("results", {}).items():
             if name not in merged or at_version is None or len(row) <= at_version:
                 continue
@@ -398,6 +414,9 @@ def combine_results(sources: list[str | os.PathLike], into: str | os.PathLike, *
         lines.append(f"{machine}: {name} recorded by other benchmark code (version "
                      f"{str(version)[:12]}, this list's {str(merged[name].get('version'))[:12]}):"
                      " shown")
+    for machine, count in sorted(hosts.items()):
+        lines.append(f"{machine}: {count} result(s) taken on other hosts of this machine drawn "
+                     f"on its line ({', '.join(HOST_KEYS)} as in its machine.json)")
     for (machine, name), count in sorted(hidden.items()):
         lines.append(f"{machine}: {count} older result(s) of {name} not shown (recorded by an "
                      "earlier version of the benchmark than that machine's newest)")
