@@ -95,7 +95,7 @@ def test_the_help_states_each_literal_default_the_option_has():
     checked = 0
     for name, parser in _commands().items():
         for action in parser._actions:
-            said = re.search(r"\(default[: ]+([\w.\- ]+)\)", action.help or "")
+            said = re.search(r"\(default[: ]+([\w.\-/ ]+)\)", action.help or "")
             if not said or action.default in (None, False):
                 continue  # computed where it runs ("gpu on a GPU, else cpu"), or a switch
             default = action.default

@@ -114,13 +114,16 @@ def _add_gate_power(sub) -> None:
                             help=f"operations to plant in (default: {' '.join(gate.OPS)})")
     gate_power.add_argument("--sizes", type=_fractions, default=gate.DEFAULT_SIZES,
                             help="planted slowdowns, e.g. 2%%,3%% (default)")
-    gate_power.add_argument("--trials", type=int, default=3, help="trials per plant size")
+    gate_power.add_argument("--trials", type=int, default=3,
+                            help="trials per plant size (default 3)")
     gate_power.add_argument("--aa-trials", dest="aa_trials", type=int, default=1,
                             help="A/A trials, a README whitespace commit each (default 1)")
     gate_power.add_argument("--factor", type=float, default=1.02,
-                            help="the asv continuous -f whose marks are shown beside")
+                            help="the asv continuous -f whose marks are shown beside "
+                            "(default 1.02)")
     gate_power.add_argument("--confirm-rounds", type=int, default=3,
-                            help="kernels bench's interleaved re-measurements (0: none)")
+                            help="kernels bench's interleaved re-measurements, 0 for none "
+                            "(default 3)")
     gate_power.add_argument("--no-speedup", dest="no_speedup", action="store_true",
                             help="skip the reverted-plant speed-up trial")
     gate_power.add_argument("--fresh-base", dest="fresh_base", action="store_true",
@@ -170,7 +173,8 @@ def add_commands(sub) -> dict[str, Callable[[argparse.Namespace], int]]:
     floor.add_argument("--revision", type=revision, default="HEAD",
                        help="the commit run again and again (default HEAD)")
     floor.add_argument("--runs", type=validation.int_at_least(2), default=3,
-                       help="asv runs of the commit, whose spread is the floor (>= 2)")
+                       help="asv runs of the commit, whose spread is the floor, at least 2 "
+                       "(default 3)")
     floor.add_argument("--bench", help="asv benchmark regex (e.g. Softmax.time_device)")
     _add_gate_power(sub)
     recover = sub.add_parser("recover", help="write asv results from the measuring journals "

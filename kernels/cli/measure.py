@@ -539,7 +539,7 @@ def add_commands(sub) -> dict[str, Callable[[argparse.Namespace], int]]:
     roof.add_argument("--direction", nargs="+", choices=("fwd", "bwd"), default=["fwd", "bwd"],
                       help="forward, backward or both (default fwd bwd)")
     roof.add_argument("--out", default="traces", type=validation.output_directory,
-                      help="directory for the JSON and charts")
+                      help="directory for the JSON and charts (default traces)")
     plot = sub.add_parser("plot-roofline", help="redraw roofline charts from a data JSON")
     plot.add_argument("json", type=roofline_data_file,
                       help="a roofline data file written by `roofline`")
@@ -549,9 +549,10 @@ def add_commands(sub) -> dict[str, Callable[[argparse.Namespace], int]]:
     ceil.add_argument("--refresh", action="store_true", help="measure again, ignoring the cache")
     verify = sub.add_parser("verify-timing", help="timer vs profiler trace; CV over repeats")
     verify.add_argument("--repeats", type=validation.int_at_least(2), default=10,
-                        help="timings per kernel, whose spread is reported (>= 2)")
+                        help="timings per kernel, whose spread is reported, at least 2 "
+                        "(default 10)")
     verify.add_argument("--calls", type=validation.positive_int, default=20,
-                        help="calls traced / profiled")
+                        help="calls traced / profiled (default 20)")
     verify.add_argument("--ncu", action="store_true", help="also compare with ncu's durations")
     verify.add_argument("--impl", action="extend", nargs="+",
                         help="only these implementations (default: one per family)")

@@ -210,9 +210,9 @@ def add_commands(sub: argparse._SubParsersAction) -> dict[str, Callable[[argpars
     profile.add_argument("--direction", choices=("fwd", "bwd"), default="fwd",
                          help="forward or backward (default fwd)")
     profile.add_argument("--top", type=validation.positive_int, default=10,
-                         help="kernels to list")
+                         help="kernels to list (default 10)")
     profile.add_argument("--iterations", type=validation.positive_int, default=5,
-                         help="calls traced")
+                         help="calls traced (default 5)")
     profile.add_argument("--traces", type=validation.output_directory,
                          help="root folder (default: $KERNELPERF_TRACES or traces)")
 
@@ -241,6 +241,7 @@ def add_commands(sub: argparse._SubParsersAction) -> dict[str, Callable[[argpars
     neck.add_argument("--direction", nargs="+", choices=("fwd", "bwd"), default=["fwd"],
                       help="forward, backward or both (default fwd)")
     neck.add_argument("--out", default="traces/bottleneck",
-                      help="folder for the .ncu-rep reports and ncu's rule text")
+                      help="folder for the .ncu-rep reports and ncu's rule text "
+                      "(default traces/bottleneck)")
     return {"profile": cmd_profile, "memory": cmd_memory, "hlo": cmd_hlo,
             "bottleneck": cmd_bottleneck}
