@@ -90,6 +90,55 @@ def test_options_said_to_repeat_or_defaulting_to_lists_take_several_values():
                     (name, action.dest)
 
 
+def test_each_options_value_lands_under_its_own_name():
+    """Every option's value is read by its handler as args.<long name, dashes as underscores>
+    (argparse's own rule, kept wherever a dest is written out)."""
+    for name, parser in _commands().items():
+        for action in parser._actions:
+            if action.option_strings and not isinstance(action, argparse._HelpAction):
+                longest = max(action.option_strings, key=len)
+                assert action.dest == longest.lstrip("-").replace("-", "_"), (name, longest)
+
+
+def _values_for(action: argparse.Action) -> list[str]:
+    """Three command-line words the option accepts (its choices, or words its type takes)."""
+    if action.choices is not None:
+        choices = list(action.choices)
+        return [choices[i % len(choices)] for i in range(3)]
+    for words in (["a", "b", "c"], ["1", "2", "3"], ["m=1", "n=2,3", "k=4"]):
+        try:
+            [action.type(word) for word in words if action.type is not None]
+        except (argparse.ArgumentTypeError, TypeError, ValueError):
+            continue
+        return words
+    raise AssertionError(f"no words found that {action.dest}'s type takes")
+
+
+def test_name_lists_take_each_word_whole_and_accumulate_or_replace_their_default():
+    """An option taking several values keeps each word whole; given again it adds to what it
+    holds when it has no default (`--impl a b --impl c`: a, b and c), and replaces a list
+    default rather than adding to it (`--tools asv`: asv alone)."""
+    checked = 0
+    for name, parser in _commands().items():
+        for action in parser._actions:
+            if action.nargs not in ("+", "*") and not isinstance(action, argparse._ExtendAction):
+                continue
+            alone = argparse.ArgumentParser(exit_on_error=False)
+            alone._add_action(action)
+            option, words = action.option_strings[0], _values_for(action)
+            typed = [action.type(w) if action.type else w for w in words]
+            replaces = isinstance(action.default, list)
+            argv = [option, *words[:2]] if replaces else [option, *words[:2], option, words[2]]
+            try:
+                parsed, left = alone.parse_known_args(argv)
+            except argparse.ArgumentError as error:
+                raise AssertionError(f"{name} {' '.join(argv)}: {error}") from None
+            got = getattr(parsed, action.dest)
+            assert (got, left) == (typed[:2] if replaces else typed, []), (name, argv, got, left)
+            checked += 1
+    assert checked >= 20, checked
+
+
 def test_the_help_states_each_literal_default_the_option_has():
     """Where an option's help says "(default X)" with X a plain value, X is its default."""
     checked = 0

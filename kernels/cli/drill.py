@@ -30,7 +30,7 @@ def add_commands(sub) -> dict[str, Callable[[argparse.Namespace], int]]:
         "fault-drill", help="plant a crash, hangs and a sticky device fault in a scratch clone; "
         "check that pytest and asv fail only the planted implementation's items")
     parser.add_argument(
-        "--faults", nargs="+", metavar="FAULT",
+        "--faults", action="extend", nargs="+", metavar="FAULT",
         help="faults to plant (default: on a GPU "
         f"{' '.join(faults.DRILL_DEFAULTS['gpu'])}; on a CPU "
         f"{' '.join(faults.DRILL_DEFAULTS['cpu'])}; also: "

@@ -505,10 +505,11 @@ def _selection_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--impl", action="extend", nargs="+", help="implementation names")
     parser.add_argument("--case", action="extend", nargs="+",
                         help="keep cases whose id contains one of these")
-    parser.add_argument("--tags", nargs="+", help="case sets (default: gpu on a GPU, else cpu)")
-    parser.add_argument("--dtype", nargs="+", choices=sorted(dtypes.NAMES),
+    parser.add_argument("--tags", action="extend", nargs="+",
+                        help="case sets (default: gpu on a GPU, else cpu)")
+    parser.add_argument("--dtype", action="extend", nargs="+", choices=sorted(dtypes.NAMES),
                         help="keep these dtypes (of those the operation declares)")
-    parser.add_argument("--dims", nargs="+", type=_dims, metavar="NAME=V1,V2",
+    parser.add_argument("--dims", action="extend", nargs="+", type=_dims, metavar="NAME=V1,V2",
                         help="build cases over these dimensions instead of the declared ones")
     parser.add_argument("--batch", type=_int_list, help="attention: batch sizes")
     parser.add_argument("--heads", type=_int_list, help="attention: head counts")

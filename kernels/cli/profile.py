@@ -221,7 +221,8 @@ def add_commands(sub: argparse._SubParsersAction) -> dict[str, Callable[[argpars
     memory.add_argument("--impl", action="append",
                         help="implementation (repeatable; default: every JAX one)")
     memory.add_argument("--case", action="append", help="case id (repeatable)")
-    memory.add_argument("--tags", nargs="+", help="case sets (default: gpu on a GPU, else cpu)")
+    memory.add_argument("--tags", action="extend", nargs="+",
+                        help="case sets (default: gpu on a GPU, else cpu)")
     memory.add_argument("--direction", choices=("fwd", "bwd"),
                         help="forward or backward (default: each the implementation has)")
 
