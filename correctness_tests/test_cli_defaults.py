@@ -139,20 +139,59 @@ def test_name_lists_take_each_word_whole_and_accumulate_or_replace_their_default
     assert checked >= 20, checked
 
 
+# Options whose help describes a default computed where the command runs ("(default: all)",
+# "(default: this device model)"): their parsed default is None.
+COMPUTED_DEFAULTS = {("check", "op"), ("compare", "machine"), ("recover", "machine"),
+                     ("plot-roofline", "out"), ("verify-timing", "impl"),
+                     ("memory", "direction")}
+
+
 def test_the_help_states_each_literal_default_the_option_has():
-    """Where an option's help says "(default X)" with X a plain value, X is its default."""
+    """Where an option's help says "(default X)" with X a plain value, X is its default; a
+    default the help describes rather than states is one of COMPUTED_DEFAULTS."""
     checked = 0
     for name, parser in _commands().items():
         for action in parser._actions:
             said = re.search(r"\(default[: ]+([\w.\-/ ]+)\)", action.help or "")
-            if not said or action.default in (None, False):
-                continue  # computed where it runs ("gpu on a GPU, else cpu"), or a switch
+            if not said or action.default is False:
+                continue  # no stated default, or a switch ("(default: once)")
+            if action.default is None:
+                assert (name, action.dest) in COMPUTED_DEFAULTS, (name, action.dest, said[1])
+                continue
             default = action.default
             shown = (" ".join(map(str, default)) if isinstance(default, list)
                      else f"{default:g}" if isinstance(default, int | float) else str(default))
             assert shown == said.group(1), (name, action.dest, default, said.group(1))
             checked += 1
     assert checked >= 14, checked
+
+
+def test_choices_are_the_names_the_code_knows():
+    """A direction, regime or dtype offered on the command line is one the code takes: the
+    choices are the registry's, the timer's and the dtype table's names, spelled as there."""
+    from kernels.core import dtypes, registry, timing
+
+    known = {"direction": set(registry.DIRECTIONS), "regime": set(timing.REGIMES),
+             "dtype": set(dtypes.NAMES)}
+    checked = 0
+    for name, parser in _commands().items():
+        for action in parser._actions:
+            if action.dest in known:
+                assert set(action.choices or ()) == known[action.dest], (name, action.dest)
+                checked += 1
+    assert checked >= 9, checked
+
+
+# What a command cannot run without is required as it is parsed, so its absence is a usage
+# line rather than an error deep in the handler.
+REQUIRED = {("profile", "case"), ("bottleneck", "impl"), ("bottleneck", "case")}
+
+
+def test_the_options_a_command_cannot_run_without_are_required():
+    required = {(name, action.dest) for name, parser in _commands().items()
+                for action in parser._actions if action.option_strings and action.required}
+    assert required == REQUIRED
+    assert _defaults("check")["op"] is None  # check's operation is optional: all of them
 
 
 @pytest.mark.parametrize("argv,flag", [
