@@ -5,9 +5,9 @@
 # caches and ~/.asv-machine.json apart) and its own OUT ($OUT/gpu$i, its output in job.log
 # there). Each job is cut at JOB_LIMIT seconds (SIGINT first, as the scripts' own watchdogs
 # do); then each job's last lines are printed, in GPU order, and every job's OUT is packed
-# into $OUT/per_gpu.tgz (the device tool brings back 8 files at most). The GPUs share the host's CPUs
-# and power: numbers compared with each other must come from the same job, or from two jobs
-# of the same call (say so where they are reported).
+# into $OUT/per_gpu.tgz (the device tool brings back 8 files at most). The GPUs share the
+# host's CPUs and power: numbers compared with each other must come from the same job, or
+# from two jobs of the same call (say so where they are reported).
 #
 #   bash .ci/device/per_gpu.sh "bash .ci/device/gate_full.sh" \
 #       "bash .ci/device/gpu_pytest_check.sh full" ...
