@@ -182,6 +182,39 @@ def test_choices_are_the_names_the_code_knows():
     assert checked >= 9, checked
 
 
+def test_a_stated_lower_bound_is_the_one_the_option_checks():
+    """"at least N" in a help: N is taken and N - 1 refused as the option is parsed."""
+    checked = 0
+    for name, parser in _commands().items():
+        for action in parser._actions:
+            bound = re.search(r"at least (\d+)", action.help or "")
+            if bound:
+                least = int(bound[1])
+                assert action.type(str(least)) == least, (name, action.dest)
+                with pytest.raises(argparse.ArgumentTypeError):
+                    action.type(str(least - 1))
+                checked += 1
+    assert checked >= 2, checked
+
+
+def test_folders_written_refuse_a_file_and_read_files_must_exist(tmp_path):
+    """Every --out is a folder to write into, refused as parsed where a file stands there;
+    the data file plot-roofline reads must exist (one usage line, not a traceback later)."""
+    a_file = tmp_path / "taken"
+    a_file.write_text("")
+    outs = [(name, action) for name, parser in _commands().items()
+            for action in parser._actions if action.dest == "out"]
+    assert len(outs) >= 3, outs
+    for name, action in outs:
+        assert action.type is not None, name
+        with pytest.raises(argparse.ArgumentTypeError):
+            action.type(str(a_file))
+        assert action.type(str(tmp_path / "new")) == str(tmp_path / "new")
+    (data,) = (a for a in _commands()["plot-roofline"]._actions if a.dest == "json")
+    with pytest.raises(argparse.ArgumentTypeError):
+        data.type(str(tmp_path / "absent.json"))
+
+
 # What a command cannot run without is required as it is parsed, so its absence is a usage
 # line rather than an error deep in the handler.
 REQUIRED = {("profile", "case"), ("bottleneck", "impl"), ("bottleneck", "case")}

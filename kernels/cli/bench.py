@@ -116,7 +116,7 @@ def _add_gate_power(sub) -> None:
                             help="planted slowdowns, e.g. 2%%,3%% (default)")
     gate_power.add_argument("--trials", type=int, default=3,
                             help="trials per plant size (default 3)")
-    gate_power.add_argument("--aa-trials", dest="aa_trials", type=int, default=1,
+    gate_power.add_argument("--aa-trials", type=int, default=1,
                             help="A/A trials, a README whitespace commit each (default 1)")
     gate_power.add_argument("--factor", type=float, default=1.02,
                             help="the asv continuous -f whose marks are shown beside "
@@ -124,9 +124,9 @@ def _add_gate_power(sub) -> None:
     gate_power.add_argument("--confirm-rounds", type=int, default=3,
                             help="kernels bench's interleaved re-measurements, 0 for none "
                             "(default 3)")
-    gate_power.add_argument("--no-speedup", dest="no_speedup", action="store_true",
+    gate_power.add_argument("--no-speedup", action="store_true",
                             help="skip the reverted-plant speed-up trial")
-    gate_power.add_argument("--fresh-base", dest="fresh_base", action="store_true",
+    gate_power.add_argument("--fresh-base", action="store_true",
                             help="run asv on the base in every trial (default: once)")
     gate_power.add_argument("--keep", action="store_true", help="keep the scratch clone")
 

@@ -513,11 +513,11 @@ def _selection_arguments(parser: argparse.ArgumentParser) -> None:
                         help="build cases over these dimensions instead of the declared ones")
     parser.add_argument("--batch", type=_int_list, help="attention: batch sizes")
     parser.add_argument("--heads", type=_int_list, help="attention: head counts")
-    parser.add_argument("--head-dim", dest="head_dim", type=_int_list,
+    parser.add_argument("--head-dim", type=_int_list,
                         help="attention: head dimensions")
-    parser.add_argument("--seq-lengths", dest="seq_lengths", type=_int_list,
+    parser.add_argument("--seq-lengths", type=_int_list,
                         help="attention: sequence lengths, e.g. 128,256,512")
-    parser.add_argument("--any-size", dest="any_size", action="store_true",
+    parser.add_argument("--any-size", action="store_true",
                         help="without a GPU, run --dims / attention sizes larger than the "
                              "operation's CPU cases anyway")
     parser.add_argument("--regime", choices=("cold", "hot"), default="cold",
@@ -525,7 +525,7 @@ def _selection_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default cold)")
     parser.add_argument("--budget", type=validation.positive_float,
                         help="wall-time budget per timing (s)")
-    parser.add_argument("--mixed-clocks", dest="mixed_clocks", action="store_true",
+    parser.add_argument("--mixed-clocks", action="store_true",
                         help="compare results timed by different methods (labelled as such)")
 
 

@@ -241,7 +241,7 @@ def add_commands(sub: argparse._SubParsersAction) -> dict[str, Callable[[argpars
     neck.add_argument("--case", required=True, help="case id, e.g. bf16-4x4096x16x128")
     neck.add_argument("--direction", nargs="+", choices=("fwd", "bwd"), default=["fwd"],
                       help="forward, backward or both (default fwd)")
-    neck.add_argument("--out", default="traces/bottleneck",
+    neck.add_argument("--out", default="traces/bottleneck", type=validation.output_directory,
                       help="folder for the .ncu-rep reports and ncu's rule text "
                       "(default traces/bottleneck)")
     return {"profile": cmd_profile, "memory": cmd_memory, "hlo": cmd_hlo,

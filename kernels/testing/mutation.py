@@ -219,6 +219,12 @@ WARMUP_MODULE = "mutation_warmup"
 # mutmut's numbering, which changes between its releases (pyproject.toml pins the one these
 # were read with: `mutmut show NAME` in .mutation/<target> prints a mutant's change).
 EQUIVALENT: dict[str, str] = {
+    **{f"kernels.cli.bench.x_add_commands__mutmut_{n}":
+       "metavar left out: only the placeholder --help shows (PATH or JSON) changes"
+       for n in (158, 173)},
+    **{f"kernels.cli.bench.x_add_commands__mutmut_{n}":
+       "the command listing's help text of bench or compare, reworded"
+       for n in (3, 4, 8)},
     **{f"kernels.core.checking.x_compare__mutmut_{n}":
        "astype's copy=False, None, True or left out: a copy or not, the same values"
        for n in (40, 42, 43, 46, 48, 49, 55, 57, 59)},
