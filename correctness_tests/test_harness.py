@@ -835,3 +835,13 @@ def test_large_draws_are_filled_on_the_workers_share_of_the_cores(monkeypatch):
         rng.random((10, 100))
         assert pools == [threads], workers
         assert all(type(n) is int for n in pools)
+
+
+def test_a_numpy_argument_keeps_the_comparison_on_the_host(device_path):
+    """The device path is for arrays already there: a NumPy reference beside a JAX result on
+    one device is compared on the host, not copied over to compile a reduction for it."""
+    values = np.linspace(1.0, 2.0, 64, dtype=np.float32)
+    assert checking.compare(jnp.asarray(values), values, tolerance=1e-6,
+                            name="y").relative_error == 0
+    assert checking._device_arrays(jnp.asarray(values), values, None) is None
+    assert not device_path
