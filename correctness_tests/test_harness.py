@@ -267,7 +267,7 @@ def _scenarios():
     off = e.copy()
     off[17, 33] += 0.5
     cancel = (e * 1e-6).astype(np.float32)
-    spike = np.zeros_like(e)
+    spike = np.zeros((4, 9), np.float32)  # a shape of its own, as "zero-matched" below
     spike[2, 3] = 1e-25
     return [
         ("close", e * np.float32(1 + 1e-6), e, None),
@@ -281,8 +281,10 @@ def _scenarios():
         ("cancellation-forgiven", cancel + np.float32(1e-9), cancel, np.ones_like(e)),
         ("cancellation-too-far", cancel + np.float32(1e-3), cancel, np.ones_like(e)),
         ("16-bit", e.astype(dtypes.to_numpy("bf16")), e, None),
-        # A zero reference met by zeros: a peak of 0 must not scale the norms by 0.
-        ("all-zero", np.zeros_like(e), np.zeros_like(e), None),
+        # A zero reference met by zeros: a peak of 0 must not scale the norms by 0. A shape of
+        # its own, so its device program is traced here (a jitted function runs its Python,
+        # where a mutant lives, only when traced for a new shape).
+        ("zero-matched", np.zeros((3, 5), np.float32), np.zeros((3, 5), np.float32), None),
         # Off by 5% of the one large entry everywhere, at 1e-25: fails by its norm, which
         # float32 squares unscaled would lose.
         ("tiny", np.where(spike > 0, spike, np.float32(5e-27)).astype(np.float32), spike, None),
