@@ -51,6 +51,7 @@ def test_empty_arrays_compare_equal():
     result = compare(np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32), tolerance=0.1,
                      name="empty")
     assert result.relative_error == 0 and result.max_error == 0 and result.name == "empty"
+    assert result.tolerance == 0.1  # what it was judged against, as for any other result
 
 
 def test_zeros_are_fine_where_the_reference_cancels_below_its_terms():
@@ -114,3 +115,57 @@ def test_values_in_messages_print_as_their_dtype_does():
         compare(actual, expected, tolerance=0.01, name="f32")
     with pytest.raises(CheckFailure, match=r"got 0\.10000000149011612, expected 1\.0$"):
         compare(actual.astype(np.float64), expected, tolerance=0.01, name="f64")
+
+
+@pytest.mark.parametrize("scale", [1e-25, 1.0, 1e20])
+def test_an_error_is_judged_alike_at_any_scale_float32_holds(scale):
+    """Relative errors do not depend on units: a reference of one large entry among zeros,
+    met by a result off by 5% of it everywhere (19% in norm, 5% at most), fails by its norm
+    whether the values are near 1e-25, 1 or 1e20 (float32 squares of these underflow to 0
+    or overflow, which once made the norm 0 and passed the tiny one), and the exact result
+    passes."""
+    expected = np.zeros(16, np.float32)
+    expected[0] = scale
+    actual = np.full(16, 0.05 * scale, np.float32)
+    actual[0] = scale
+    with pytest.raises(CheckFailure, match=r"^out: rel 1\.94e-01, max 5\.00e-02 "):
+        compare(actual, expected, tolerance=0.1, name="out")
+    assert compare(expected.copy(), expected, tolerance=0.1, name="out").relative_error == 0
+
+
+def test_an_error_of_exactly_the_tolerance_passes():
+    """The tolerance is the largest error allowed, in norm and in max: a result off by exactly
+    it passes (every number here is exact in binary), and so does an all-zero result whose
+    reference is exactly the tolerance of its terms' size: the degenerate-output guard
+    refuses only what stands clear of the error rule, it does not tighten it."""
+    expected = np.ones(4, np.float32)
+    result = compare(expected * np.float32(1.5), expected, tolerance=0.5, name="edge")
+    assert (result.relative_error, result.max_error) == (0.5, 0.5)
+    zeros = compare(np.zeros(4, np.float32), np.full(4, 0.25, np.float32), tolerance=0.25,
+                    name="zeros", magnitude=np.ones(4, np.float32))
+    assert (zeros.relative_error, zeros.max_error) == (0.25, 0.25)
+
+
+def test_a_reference_with_no_finite_entry_passes_when_reproduced():
+    """A fully masked result (every entry -inf, as a row of attention scores can be) compared
+    with itself: nothing finite to be off by, so it passes with no error, and a finite value
+    in its place still fails."""
+    expected = np.full((2, 3), -np.inf, np.float32)
+    result = compare(expected.copy(), expected, tolerance=1e-6, name="masked")
+    assert (result.relative_error, result.max_error) == (0.0, 0.0)
+    actual = expected.copy()
+    actual[1, 2] = 0.0
+    with pytest.raises(CheckFailure, match=r"reference is -inf at \(1, 2\), got 0\.0"):
+        compare(actual, expected, tolerance=1e-6, name="masked")
+
+
+def test_masked_entries_do_not_hide_a_constant_output():
+    """A constant output is named as such where the reference has masked (-inf) entries that
+    the output reproduces: the spreads are taken over the finite entries alone."""
+    expected = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+    expected[:, -1] = -np.inf
+    actual = np.full_like(expected, 0.25)
+    actual[:, -1] = -np.inf
+    with pytest.raises(CheckFailure, match=r"^out: output is constant \(0\.25\); the reference "
+                                           r"is not$"):
+        compare(actual, expected, tolerance=1e-3, name="out")

@@ -267,6 +267,8 @@ def _scenarios():
     off = e.copy()
     off[17, 33] += 0.5
     cancel = (e * 1e-6).astype(np.float32)
+    spike = np.zeros((4, 9), np.float32)  # a shape of its own, as "zero-matched" below
+    spike[2, 3] = 1e-25
     return [
         ("close", e * np.float32(1 + 1e-6), e, None),
         ("masked-match", masked.copy(), masked, None),
@@ -279,6 +281,13 @@ def _scenarios():
         ("cancellation-forgiven", cancel + np.float32(1e-9), cancel, np.ones_like(e)),
         ("cancellation-too-far", cancel + np.float32(1e-3), cancel, np.ones_like(e)),
         ("16-bit", e.astype(dtypes.to_numpy("bf16")), e, None),
+        # A zero reference met by zeros: a peak of 0 must not scale the norms by 0. A shape of
+        # its own, so its device program is traced here (a jitted function runs its Python,
+        # where a mutant lives, only when traced for a new shape).
+        ("zero-matched", np.zeros((3, 5), np.float32), np.zeros((3, 5), np.float32), None),
+        # Off by 5% of the one large entry everywhere, at 1e-25: fails by its norm, which
+        # float32 squares unscaled would lose.
+        ("tiny", np.where(spike > 0, spike, np.float32(5e-27)).astype(np.float32), spike, None),
     ]
 
 
@@ -634,3 +643,207 @@ def test_reference_outputs_are_the_references_value_and_vjp_in_float32():
     np.testing.assert_allclose(dx, pullback(cotangent)[0], rtol=1e-5, atol=1e-7)
     assert isinstance(magnitude, np.ndarray) and magnitude.shape == x.shape
     assert np.all(magnitude >= np.abs(dx) - 1e-6)
+
+
+# Properties the mutation run (2026-11-27) found unstated: each test names what it guards.
+
+def test_the_device_path_is_taken_on_a_gpu_only(monkeypatch):
+    """On a GPU machine the harness works on JAX's "gpu" platform (the name JAX gives CUDA
+    devices, which the device path matches arrays against); elsewhere references stay on the
+    host as NumPy arrays, with no device copies of the inputs."""
+    monkeypatch.setattr(checking.compat, "on_gpu", lambda: True)
+    assert checking._device_platform() == "gpu"
+    monkeypatch.setattr(checking.compat, "on_gpu", lambda: False)
+    assert checking._device_platform() is None
+    ref = checking.compute_reference(registry.operation("softmax"), SOFTMAX_CASE, 0, "normal",
+                                     with_grad=True)
+    assert isinstance(ref.output, np.ndarray) and ref.device_inputs is None
+    assert all(isinstance(g, np.ndarray) for g in ref.grads)
+
+
+def test_arrays_from_the_size_threshold_up_are_compared_on_the_device(device_path,
+                                                                       monkeypatch):
+    """DEVICE_COMPARE_MIN_SIZE is the smallest array reduced on the device: one element fewer
+    stays on the host."""
+    monkeypatch.setattr(checking, "DEVICE_COMPARE_MIN_SIZE", 64)
+    for size, on_device in ((63, False), (64, True)):
+        device_path.clear()
+        values = jnp.linspace(1.0, 2.0, size, dtype=jnp.float32)
+        checking.compare(values, values, tolerance=1e-6, name="y")
+        assert bool(device_path) == on_device, size
+
+
+def test_float64_torch_results_are_compared_in_float64_on_the_device_path(device_path):
+    """JAX runs without x64, so float64 stays on the host, in float64, torch's too (which once
+    went to the device and was judged in float32): an error of exactly 1e-9 is measured as
+    such, and the values are shown to float64's digits."""
+    torch = pytest.importorskip("torch")
+    expected = torch.linspace(1.0, 2.0, 64, dtype=torch.float64)
+    with pytest.raises(checking.CheckFailure, match=r"^f64: rel 1\.00e-09, max 1\.00e-09 .* "
+                                                    r"got 2\.000000002, expected 2\.0$"):
+        checking.compare(expected * (1 + 1e-9), expected, tolerance=1e-12, name="f64")
+    assert not device_path
+
+
+def test_torch_results_of_16_bits_compare_on_the_host():
+    """A torch bfloat16 result (which NumPy cannot read directly) against a float32 reference:
+    rounding to bf16 passes its tolerance, a 1% error fails."""
+    torch = pytest.importorskip("torch")
+    expected = np.linspace(1.0, 2.0, 32, dtype=np.float32)
+    tolerance = checking.relative_tolerance("bf16", 1)
+    checking.compare(torch.tensor(expected, dtype=torch.bfloat16), expected,
+                     tolerance=tolerance, name="bf16")
+    with pytest.raises(checking.CheckFailure, match="worst at"):
+        checking.compare(torch.tensor(expected * 1.01, dtype=torch.bfloat16), expected,
+                         tolerance=tolerance, name="bf16")
+
+
+@pytest.mark.skipif(jax.device_count() < 2, reason="needs 2 devices (forced host devices)")
+def test_a_sharded_result_compares_with_a_torch_reference(device_path):
+    """compare takes any mix of NumPy, JAX and torch, a result spread over devices included:
+    a torch reference is not laid out as the sharded result (JAX cannot place a tensor) but
+    compared where it can be, with the same verdict."""
+    torch = pytest.importorskip("torch")
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from kernels.core import compat
+
+    mesh = compat.make_mesh((2,), ("x",), devices=jax.devices()[:2])
+    expected = np.linspace(1.0, 2.0, 64, dtype=np.float32).reshape(8, 8)
+    actual = jax.device_put(expected, NamedSharding(mesh, PartitionSpec("x")))
+    assert checking.compare(actual, torch.tensor(expected), tolerance=1e-6,
+                            name="mixed").relative_error == 0
+    with pytest.raises(checking.CheckFailure, match=r"worst at \(5, 1\)"):
+        checking.compare(actual.at[5, 1].set(9.0), torch.tensor(expected), tolerance=1e-3,
+                         name="mixed")
+
+
+def test_a_magnitude_of_another_shape_is_refused_on_the_device_path(device_path):
+    expected = jnp.ones((4, 3), jnp.float32)
+    with pytest.raises(ValueError, match=r"^magnitude: expected shape \(4, 3\), got \(3, 4\)$"):
+        checking.compare(expected, expected, tolerance=0.1, name="dx",
+                         magnitude=jnp.ones((3, 4), jnp.float32))
+
+
+ROW_SUM_CASE = registry.make_case("row_sum", "f32", {"rows": 5, "cols": 40}, tags=["cpu"])
+
+
+def test_an_operation_without_term_magnitudes_is_checked_forward_and_backward():
+    """row_sum declares no gradient magnitudes: its reference carries None per input, and a
+    correct kernel's gradient is compared against the reference alone, and passes."""
+    op = registry.operation("row_sum")
+    assert op.gradient_magnitude is None
+    (x,) = checking.make_inputs(op, ROW_SUM_CASE, 0, "normal")
+    cotangent = np.ones(x.shape[:-1], np.float32)
+    out, (dx,), magnitudes = checking.reference_outputs(op, ROW_SUM_CASE, (x,), cotangent)
+    np.testing.assert_allclose(out, x.sum(axis=-1), rtol=1e-5)
+    np.testing.assert_array_equal(dx, np.ones_like(x))
+    assert len(magnitudes) == 1 and magnitudes[0] is None
+    results = checking.check(registry.implementation("row_sum", "xla"), ROW_SUM_CASE)
+    assert [r.name.split()[-1] for r in results] == ["output", "dx"]
+
+
+def test_make_inputs_refuses_another_number_of_inputs_than_the_operation_names():
+    one = np.ones((6, 300), np.float32)
+    for made in ((), (one, one)):
+        with pytest.raises(ValueError, match="zip"):
+            checking.make_inputs(_softmax_making(lambda case, rng, dist, made=made: made),
+                                 SOFTMAX_CASE, 0, "normal")
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_the_cotangent_is_the_seeds_alone_in_the_case_dtype(dtype):
+    """The kernel and the reference get the same cotangent values: rounded to the case dtype,
+    and drawn again the same for the same seed (another seed, another cotangent)."""
+    op = registry.operation("softmax")
+    case = registry.make_case("softmax", dtype, {"rows": 6, "cols": 300}, tags=["cpu"])
+    first, again, other = (checking.compute_reference(op, case, seed, "normal", with_grad=True)
+                           for seed in (0, 0, 1))
+    assert first.cotangent.dtype == dtypes.to_numpy(dtype)
+    np.testing.assert_array_equal(first.cotangent, again.cotangent)
+    assert not np.array_equal(first.cotangent, other.cotangent)
+
+
+def test_reference_cache_keeps_what_fits_exactly_and_drops_the_least_recently_used():
+    """The bound is inclusive (an entry, or two, of exactly its size are kept), and when a new
+    reference does not fit, the one used longest ago goes."""
+    op = registry.operation("softmax")
+    size = checking.compute_reference(op, SOFTMAX_CASE, 0, "normal", with_grad=True).nbytes
+    exact = checking.ReferenceCache(size)
+    exact.get(op, SOFTMAX_CASE, 0, "normal", with_grad=True)
+    assert len(exact) == 1 and exact.nbytes == exact.max_bytes
+    cache = checking.ReferenceCache(2 * size)
+    for seed in (0, 1, 0, 2):  # seed 0 used again after 1: 1 is the least recent
+        cache.get(op, SOFTMAX_CASE, seed, "normal", with_grad=True)
+    assert len(cache) == 2 and (cache.misses, cache.hits) == (3, 1)
+    cache.get(op, SOFTMAX_CASE, 0, "normal", with_grad=True)
+    cache.get(op, SOFTMAX_CASE, 2, "normal", with_grad=True)
+    assert (cache.misses, cache.hits) == (3, 3)
+
+
+def test_an_input_holding_nan_left_alone_is_not_modified(planted, monkeypatch):
+    """NaN is not equal to itself, but an input whose NaN the kernel did not touch was not
+    modified: the input check compares NaN as equal to NaN (the output's NaN rows match the
+    reference's)."""
+    original = checking.make_inputs
+
+    def with_a_nan(op, case, seed, distribution):
+        (x,) = original(op, case, seed, distribution)
+        x = x.copy()
+        x[2, 5] = np.nan
+        return (x,)
+
+    monkeypatch.setattr(checking, "make_inputs", with_a_nan)
+    impl = planted("correct-with-nan", lambda x: jax.nn.softmax(x, axis=-1))
+    (output,) = checking.check(impl, SOFTMAX_CASE, gradients=False)
+    assert output.relative_error < output.tolerance
+
+
+def test_the_chunked_generator_keeps_default_rngs_other_methods_dtypes_and_out():
+    """Every method but the two chunked ones is default_rng(seed)'s; the chunked ones honour
+    `dtype` and `out` as NumPy's do, small draws and large."""
+    rng, plain = checking.ChunkedGenerator(3), np.random.default_rng(3)
+    np.testing.assert_array_equal(rng.integers(0, 100, 20), plain.integers(0, 100, 20))
+    assert checking.ChunkedGenerator(3).random(5, dtype=np.float32).dtype == np.float32
+    for method in ("standard_normal", "random"):
+        for size in (7, checking.ChunkedGenerator.MIN_ELEMENTS):
+            out = np.full(size, np.nan, np.float32)
+            returned = getattr(checking.ChunkedGenerator(3), method)(size, np.float32, out)
+            assert returned is out and np.all(np.isfinite(out)), (method, size)
+            np.testing.assert_array_equal(out, getattr(np.random.default_rng(3), method)(
+                size, dtype=np.float32))
+
+
+def test_large_draws_are_filled_on_the_workers_share_of_the_cores(monkeypatch):
+    """A draw of MIN_ELEMENTS or more runs on min(CHUNKS, cores // xdist workers) threads,
+    at least one (never more than this worker's share of the machine); a smaller one on none."""
+    import concurrent.futures
+
+    pools = []
+    original = concurrent.futures.ThreadPoolExecutor
+
+    def recording(max_workers=None, *args, **kwargs):
+        pools.append(max_workers)
+        return original(max_workers, *args, **kwargs)
+
+    monkeypatch.setattr(concurrent.futures, "ThreadPoolExecutor", recording)
+    monkeypatch.setattr(checking.ChunkedGenerator, "MIN_ELEMENTS", 1000)
+    monkeypatch.setattr(checking.environment, "cpu_count", lambda: 8)
+    for workers, threads in (("3", 2), ("16", 1), ("1", 8)):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", workers)
+        pools.clear()
+        rng = checking.ChunkedGenerator(0)
+        rng.standard_normal(999)
+        rng.random((10, 100))
+        assert pools == [threads], workers
+        assert all(type(n) is int for n in pools)
+
+
+def test_a_numpy_argument_keeps_the_comparison_on_the_host(device_path):
+    """The device path is for arrays already there: a NumPy reference beside a JAX result on
+    one device is compared on the host, not copied over to compile a reduction for it."""
+    values = np.linspace(1.0, 2.0, 64, dtype=np.float32)
+    assert checking.compare(jnp.asarray(values), values, tolerance=1e-6,
+                            name="y").relative_error == 0
+    assert checking._device_arrays(jnp.asarray(values), values, None) is None
+    assert not device_path

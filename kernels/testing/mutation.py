@@ -285,7 +285,46 @@ EQUIVALENT: dict[str, str] = {
        "indent: the cache file's layout, not what it holds" for n in (44, 46, 51)},
     **{f"kernels.core.checking.x_check__mutmut_{n}":
        "has_direction(impl, d) for any d but 'fwd' asks for the backward, as 'bwd' does"
-       for n in (17, 18)},
+       for n in (14, 17, 18)},
+    # checking, reviewed 2026-11-27 (after the host norm squares in float64 and float64 is
+    # recognised by name).
+    **{f"kernels.core.checking.x__host_norm__mutmut_{n}":
+       "reshape(None) or (-2) of an array _stats already flattened: the same 1-D array "
+       "(NumPy reads a negative size as the rest)" for n in (2, 4)},
+    "kernels.core.checking.x__host_norm__mutmut_6": "astype(None) is astype(float64)",
+    **{f"kernels.core.checking.x__host_norm__mutmut_{n}":
+       "the chunk count (at least 2, a float count, 2^21 a chunk): every chunk is squared and "
+       "summed in float64 either way" for n in (15, 16, 19)},
+    "kernels.core.checking.x__device_norm__mutmut_10":
+        "2.0 for 1.0 as the scale under a peak of 0: scaling by a power of two is exact",
+    "kernels.core.checking.x__device_arrays__mutmut_11":
+        "getattr without its default: compare takes NumPy, JAX or torch arrays, all with a dtype",
+    "kernels.core.checking.x__device_arrays__mutmut_30":
+        "the reference's size for the result's: they differ only with the shapes, and both "
+        "paths then fail alike on the shape",
+    "kernels.core.checking.x__sharded_like__mutmut_18":
+        "getattr without its default: NumPy, JAX and torch arrays all have a shape",
+    "kernels.core.checking.x__sharded_like__mutmut_27":
+        "device_put of the sharded array onto its own sharding: the same array",
+    **{f"kernels.core.checking.x__to_stats__mutmut_{n}":
+       "a bool field read through int(): 0 or 1, and only its truth is read" for n in (6, 10, 11)},
+    "kernels.core.checking.x__judge__mutmut_40":
+        "finite_count >= 1: with one finite entry the reference's spread is 0, never above "
+        "tolerance x peak",
+    "kernels.core.checking.x__judge__mutmut_64":
+        "worst_diff read with no finite entry: every difference is masked to 0 then",
+    **{name: "None for False (with_grad): falsy, the same forward-only program"
+       for name in ("kernels.core.checking.x__run_reference__mutmut_6",
+                    "kernels.core.checking.x_compute_reference__mutmut_24")},
+    "kernels.core.checking.xǁReferenceCacheǁ_make_room__mutmut_4":
+        "popitem(last=None): falsy, as False is",
+    "kernels.core.checking.x__unchanged__mutmut_2":
+        "pristine is None only for references made off the device, where _device_arrays "
+        "declines too (no platform)",
+    "kernels.core.checking.xǁChunkedGeneratorǁ__init____mutmut_3":
+        "draws numbered from 2: still one stream per draw, from the seed alone",
+    "kernels.core.checking.xǁChunkedGeneratorǁ_fill__mutmut_38":
+        "reshape(-2) is reshape(-1): NumPy reads a negative size as the rest",
     "kernels.core.checking.x_check__mutmut_23":
         "ReferenceCache(1): no reference fits in one byte, so it keeps nothing, as 0 does",
     "kernels.core.checking.x_check__mutmut_123":
@@ -405,6 +444,20 @@ SURVIVORS: dict[str, str] = {
        "of arguments or gradients than the operation has inputs, which JAX's and torch's "
        "VJPs refuse first; no CPU kernel does"
        for n in (80, 85, 86, 131, 136, 137)},
+    **{f"kernels.core.checking.x__stats__mutmut_{n}":
+       "a float64 zero or inf promotes the host's masked copies to float64: the same float32 "
+       "values, differences and spreads rounded less; a verdict moves only at a rounding tie"
+       for n in (25, 27, 63, 65)},
+    **{f"kernels.core.checking.x_compute_reference__mutmut_{n}":
+       "the cotangent drawn as float64, then rounded to the case dtype: another standard "
+       "normal from the seed alone; nothing relies on which" for n in (32, 34)},
+    "kernels.core.checking.xǁChunkedGeneratorǁ_fill__mutmut_36":
+        "a large draw cut into its 16 pieces by rows, not flat: other values, still from the "
+        "seed alone and whatever the threads; nothing relies on which cut",
+    **{f"kernels.core.checking.x__host_norm__mutmut_{n}":
+       "the host norm's chunk count at its extremes (more chunks than elements; one chunk up "
+       "to 3^20 elements): the same sum, the cost (10^9 views, or a float64 copy of the whole "
+       "array) shows only at sizes no CPU test makes" for n in (17, 18)},
 }
 
 COPIED = ("correctness_tests", "perf_tests", "conftest.py", "asv.conf.json", "README.md")
