@@ -633,3 +633,31 @@ def test_devices_of_lists_the_arrays_devices_in_id_order():
     assert timing.devices_of({"x": x}, 3) == [devices[2], devices[5], devices[7]]
     assert timing.devices_of({"x": x}, 4) == devices[:4]
     assert timing.devices_of(()) == devices[:1]
+
+
+def test_the_device_clocks_flush_goes_to_the_devices_holding_the_inputs(monkeypatch):
+    """Inputs on a device other than JAX's first (a one-device run beside a mesh run, pinned
+    to its GPU): the cold flush writes that device's L2, not the first device's, on the
+    device clock and on the host clock that stands in for it where there is no trace."""
+    if jax.device_count() < 4:
+        pytest.skip("needs 4 host devices")
+    made = []
+    fake = FlushingDevices()
+
+    def flush_devices(nbytes, devices):
+        made.append(devices)
+        return fake.flush
+
+    monkeypatch.setattr(timing, "jax_flush_devices", flush_devices)
+    monkeypatch.setattr(compat, "trace_session_factory", lambda: fake.start_session)
+    third = jax.devices()[3]
+    timeable = timing.Timeable("pinned", "jax", lambda x: fake.call(),
+                               (jax.device_put(jnp.ones(2), third),), True)
+    assert timing.make_sampler(timeable, "cold", fakes.gpu_fingerprint(),
+                               clock="device-span")[1] == "device-span"
+    monkeypatch.setattr(compat, "trace_session_factory", lambda: None)
+    with warnings.catch_warnings():  # the host clock's warning, said once
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert timing.make_sampler(timeable, "cold", fakes.gpu_fingerprint(),
+                                   clock="device-span")[1] == "host-clock"
+    assert made == [[third], [third]]

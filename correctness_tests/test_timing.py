@@ -635,39 +635,49 @@ def test_the_torch_flush_writes_its_size_on_the_gpu(monkeypatch):
     assert buffer.numel() * buffer.element_size() == 4096 and bool((buffer == 0).all())
 
 
-class _FakeEvent:
-    """torch.cuda.Event on the host clock: record() stamps perf_counter."""
+class _FakeEvents:
+    """torch.cuda.Event on a simulated device clock (seconds), which the flush and the call
+    advance by their own durations: samples are exact, whatever the host's load."""
 
-    def __init__(self, enable_timing: bool):
-        assert enable_timing
-        self.at = None
+    def __init__(self):
+        self.now = 0.0
+        clock = self
 
-    def record(self):
-        self.at = time.perf_counter()
+        class Event:
+            def __init__(self, enable_timing: bool):
+                assert enable_timing
+                self.at = None
 
-    def elapsed_time(self, end) -> float:  # milliseconds, as CUDA events give them
-        return (end.at - self.at) * 1e3
+            def record(self):
+                self.at = clock.now
+
+            def elapsed_time(self, end) -> float:  # milliseconds, as CUDA events give them
+                return (end.at - self.at) * 1e3
+
+        self.Event = Event
+
+    def run(self, seconds: float):
+        self.now += seconds
 
 
 def test_cuda_events_time_each_call_and_leave_the_flush_out(monkeypatch):
     """Asked for cuda-events, torch work on a GPU is timed between an event pair around each
-    call, the cold flush before the start event; on the GPU's clocks (throttle flags read
-    against the device given). Events faked on the host clock."""
+    call, its own arguments given, the cold flush before the start event; on the GPU's
+    clocks (throttle flags read against the device given). Events faked on a simulated
+    clock: the flush takes 3 ms, the call 1 ms."""
     import torch
 
+    events = _FakeEvents()
     monkeypatch.setenv(timing.TORCH_TIMER_VARIABLE, "cuda-events")
-    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "Event", events.Event)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(timing, "torch_flush", lambda nbytes: lambda: _spin(0.003))
+    monkeypatch.setattr(timing, "torch_flush", lambda nbytes: lambda: events.run(3e-3))
     monkeypatch.setattr(fingerprint, "read_clocks", lambda: fingerprint.Clocks(sm_mhz=1000))
-    log: list[tuple[float, float]] = []
-    timeable = timing.Timeable("op", "torch", _sleeper(0.001, log), (), on_gpu=True)
+    timeable = timing.Timeable("op", "torch", events.run, (1e-3,), on_gpu=True)
     sampler, method = timing.make_sampler(timeable, "cold", fakes.gpu_fingerprint())
     assert method == "cuda-events"
-    samples = sampler.take(3)
-    own = [end - start for start, end in log]
-    assert len(samples) == 3 and all(s >= o for s, o in zip(samples, own, strict=True))
-    assert max(samples) < 0.003  # the 3 ms flush is outside
+    assert sampler.take(3) == pytest.approx([1e-3] * 3)
+    assert events.now == pytest.approx(3 * (3e-3 + 1e-3))  # each call after its own flush
     assert sampler.throttled == [True] * 3
 
 
