@@ -661,3 +661,35 @@ def test_the_device_clocks_flush_goes_to_the_devices_holding_the_inputs(monkeypa
         assert timing.make_sampler(timeable, "cold", fakes.gpu_fingerprint(),
                                    clock="device-span")[1] == "host-clock"
     assert made == [[third], [third]]
+
+
+def test_the_hot_host_clock_fallback_flushes_nothing(monkeypatch):
+    """Hot work that was to be timed by the device span and falls back to the host clock runs
+    back to back as the hot regime says: no flush is made for it."""
+    monkeypatch.setattr(timing, "jax_flush_devices", lambda *a: pytest.fail("flushed hot"))
+    monkeypatch.setattr(compat, "trace_session_factory", lambda: None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        sampler, method = timing.make_sampler(_on_gpu_timeable(FakeDevices()), "hot",
+                                              fingerprint.fingerprint(), clock="device-span")
+    assert method == "host-clock" and len(sampler.take(2)) == 2
+
+
+def test_torch_without_cupti_says_so_not_that_a_trace_was_taken(monkeypatch):
+    """Before any device trace, torch on a GPU where CUPTI cannot be had falls back to CUDA
+    events saying CUPTI is missing; asked for events, it says nothing."""
+    monkeypatch.setattr(compat, "cupti_session", lambda: None)
+    monkeypatch.delenv(timing.TORCH_TIMER_VARIABLE, raising=False)
+    torch_work = timing.Timeable("torch-op", "torch", lambda: None, (), True)
+    timing._warn_no_cupti.cache_clear()
+    timing._warn_traced.cache_clear()
+    with pytest.warns(RuntimeWarning, match=r"^kernelperf: CUPTI is not available here .*: "
+                                            r"torch is timed by cuda-events"):
+        assert timing.make_sampler(torch_work, "hot", fingerprint.fingerprint())[1] == \
+            "cuda-events"
+    monkeypatch.setenv(timing.TORCH_TIMER_VARIABLE, "cuda-events")
+    monkeypatch.setattr(timing, "_TRACED", True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert timing.make_sampler(torch_work, "hot", fingerprint.fingerprint())[1] == \
+            "cuda-events"

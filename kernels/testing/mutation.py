@@ -273,6 +273,10 @@ EQUIVALENT: dict[str, str] = {
     **{f"kernels.core.timing.x_torch_timer__mutmut_{n}":
        "environ.get's default None or left out for '': both falsy, so unset reads 'cupti'"
        for n in (4, 6)},
+    **{f"kernels.core.timing.x__say__mutmut_{n}":
+       "print's flush=True dropped: sys.stderr is line-buffered (always, since Python 3.9) "
+       "and the message ends in a newline"
+       for n in (10, 13, 14)},
     "kernels.core.timing.x_l2_bytes__mutmut_35":
         "rstrip('XXKMXX') for rstrip('KM'): a sysfs cache size is digits and a K or M, no X",
     "kernels.core.timing.x_jax_flush__mutmut_22":
@@ -433,6 +437,11 @@ SURVIVORS: dict[str, str] = {
     "kernels.bench.gate.x_main_flow__mutmut_220":
         "git revert without --no-edit opens an editor only when run from a terminal; the "
         "tests have none",
+    **{f"kernels.core.timing.x__say__mutmut_{n}":
+        "the warning's stacklevel (where it points): mutmut's trampolines add frames to "
+        "every call, so no test of it passes mutmut's unmutated run; seen by a reader of a "
+        "real run's warning"
+       for n in (6, 7)},
     "kernels.core.timing.x_l2_bytes__mutmut_8":
         "range(9) for range(8): reads a ninth cache index too; sysfs lists 4 or 5 (L1d, L1i, "
         "L2, L3, an L4 at most), so only a test that pins the loop's bound could tell",
