@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import pytest
 from jax.profiler import ProfileData
 
+from correctness_tests import fakes
 from kernels.core import compat, fingerprint, timing
 
 US = 1_000.0  # nanoseconds
@@ -105,7 +106,7 @@ def test_split_calls_gives_per_device_and_all_device_spans():
         assert span.largest_s == pytest.approx(325e-6)
         assert span.all_devices_s == pytest.approx(330e-6)
         assert [e.device for e in span.named("SendRecv")] == ["GPU:0", "GPU:1"]
-        assert len(span.named("SendRecv", device="GPU:1")) == 1
+        assert [e.device for e in span.named("SendRecv", device="GPU:1")] == ["GPU:1"]
 
 
 def test_split_calls_orders_events_and_ignores_gaps_inside_a_call():
@@ -333,7 +334,8 @@ def test_after_a_device_trace_no_cupti_timer_is_started(monkeypatch):
     assert timing.make_sampler(_on_gpu_timeable(fake), "hot", device)[1] == "device-span"
     torch_work = timing.Timeable("torch-op", "torch", lambda: None, (), True)
     timing._warn_traced.cache_clear()
-    with pytest.warns(RuntimeWarning, match=r"recorded a device trace.*timed by cuda-events"):
+    with pytest.warns(RuntimeWarning, match=r"recorded a device trace.*: torch is timed by "
+                                             r"cuda-events"):
         assert timing.make_sampler(torch_work, "hot", device)[1] == "cuda-events"
 
 
@@ -356,7 +358,7 @@ def test_make_sampler_falls_back_to_the_labelled_host_clock(monkeypatch, capsys)
         _, method = timing.make_sampler(_on_gpu_timeable(fake), "hot",
                                         fingerprint.fingerprint(), clock="device-span")
     assert method == "host-clock"
-    assert "recorded no GPU activity" in capsys.readouterr().err
+    assert "recorded no GPU activity for fake-op" in capsys.readouterr().err  # names the work
     with pytest.raises(ValueError, match=r"^clock: expected one of \('auto', 'device-span'\), "
                                          r"got 'wall'$"):
         timing.make_sampler(_on_gpu_timeable(fake), "hot", fingerprint.fingerprint(),
@@ -406,3 +408,288 @@ def test_sharded_work_on_gpus_is_timed_by_its_device_span():
                                 rule=timing.StoppingRule(min_samples=5, max_samples=5))
     assert cold.method == "device-span"
     assert 0.5 < cold.median_s / measurement.median_s < 2.0
+
+
+# -- reading and cutting, the edges ------------------------------------------------------------
+
+def _profile(planes: dict[str, dict[str, list[timing.DeviceEvent]]]):
+    """ProfileData's shape (planes > lines > events) from {plane name: {line name: events}},
+    in the order given."""
+    return types.SimpleNamespace(planes=[
+        types.SimpleNamespace(name=plane, lines=[
+            types.SimpleNamespace(name=line, events=[types.SimpleNamespace(
+                name=e.name, start_ns=e.start_ns, end_ns=e.end_ns) for e in events])
+            for line, events in lines.items()])
+        for plane, lines in planes.items()])
+
+
+def test_device_events_read_every_gpu_plane_whatever_the_order_of_planes_and_lines():
+    """A host plane or a non-stream line may come before the GPU planes' stream lines (the
+    profiler orders them as it likes): they are skipped, never the end of the reading."""
+    kernel, copy, op = event(0, 0, 5, "gemm"), event(1, 1, 3, "memcpy"), event(0, 0, 5, "op")
+    profile = _profile({"/host:CPU": {"python": [op]},
+                        "/device:GPU:0": {"XLA Ops": [op], "Stream #13(Compute)": [kernel]},
+                        "/device:GPU:1": {"XLA Modules": [op], "Stream #14(Memcpy)": [copy]}})
+    got = [(e.device, e.name) for e in timing.device_events(profile)]
+    assert got == [("GPU:0", "gemm"), ("GPU:1", "memcpy")]
+
+
+def test_a_zero_length_event_counts_and_a_call_needs_one():
+    """A memset or a tiny copy may start and end on the same tick: it is an event; a call
+    with none is refused, and a call of one event has no idle gap inside it."""
+    instant = event(0, 7, 7, "memset")
+    assert instant.end_ns == instant.start_ns
+    (span,) = timing.split_calls([instant], 1)
+    assert span.largest_s == 0.0 and timing.widest_gap_s(span) == 0.0
+    with pytest.raises(ValueError, match=r"^events: expected at least one device event per "
+                                         r"call, got none$"):
+        timing.CallSpan(events=())
+
+
+def test_split_calls_accepts_a_boundary_gap_of_exactly_the_minimum():
+    """`min_gap_ns` is the least idle gap a boundary may have: one of exactly that is one."""
+    events = calls(3, gap_us=50.0)  # each call ends at t0 + 330 us; the next starts 50 us on
+    assert len(timing.split_calls(events, 3, min_gap_ns=50 * US)) == 3
+    with pytest.raises(timing.TraceSplitError, match="got a boundary gap of 50000 ns"):
+        timing.split_calls(events, 3, min_gap_ns=50 * US + 1)
+
+
+# -- the sampler: flushes, waits, retries --------------------------------------------------------
+
+class FlushingDevices(FakeDevices):
+    """FakeDevices whose L2 flush writes on both devices, device 1's `skew_us` after device 0's
+    (a flush dispatched per device), 20 us each; `waited` logs what each wait was given."""
+
+    def __init__(self, skew_us: float = 0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.skew_us, self.waited, self.flushes = skew_us, [], 0
+
+    def flush(self):
+        self.flushes += 1
+        self.log += [event(0, self.now, self.now + 20, "flush"),
+                     event(1, self.now + self.skew_us, self.now + self.skew_us + 20, "flush")]
+        self.now += 400.0
+        return ("flushed", self.flushes)
+
+    def call(self):
+        super().call()
+        return ("called", len(self.log))
+
+    def wait(self, result):
+        self.waited.append(result)
+
+
+def test_cold_device_span_samples_leave_every_flush_out_and_wait_for_each():
+    """In the cold regime each call follows its own flush, each waited for, and each paused
+    before: the samples and the all-device spans are the calls' alone, one per call. The
+    compiling call and the first flush are waited for before anything is recorded."""
+    fake = FlushingDevices()
+    sampler = timing._DeviceSpanSampler(fake.call, fake.flush, fake.wait, fake.start_session,
+                                        sleep=fake.sleep)
+    assert fake.waited[:2] == [("called", 6), ("flushed", 1)]
+    assert sampler.take(3) == pytest.approx([325e-6] * 3)
+    assert sampler.all_devices == pytest.approx([330e-6] * 3)
+    assert fake.flushes == 1 + 1 + 3  # the first, the probe's, one per sample
+    assert [w[0] for w in fake.waited[2:]] == ["flushed", "called"] * 4  # probe and 3 calls
+    # Before each flush and each call: the probe's pause, then the one it set.
+    assert fake.pauses == [timing.PAUSE_PROBE_S] * 2 + [sampler.pause_s] * 6
+
+
+def test_the_pause_outlasts_a_gap_inside_the_flush_too():
+    """The probe's widest gap is taken over the flush as well as the call: a flush whose
+    second device starts late (dispatched per device) has a gap that a boundary must
+    outlast, or a cut lands inside it."""
+    fake = FlushingDevices(skew_us=150.0)
+    sampler = timing._DeviceSpanSampler(fake.call, fake.flush, fake.wait, fake.start_session,
+                                        sleep=fake.sleep)
+    assert sampler.pause_s == pytest.approx(timing.PAUSE_PER_GAP * 130e-6)  # 20 -> 150 us
+
+
+def test_a_trace_that_cannot_be_cut_is_recorded_again_up_to_the_retries():
+    """SPLIT_RETRIES traces in a row that cannot be cut are recorded again, each with the
+    pause doubled; the one after them is the error."""
+    bad = {"left": timing.SPLIT_RETRIES}
+    real_split = timing.split_calls
+
+    def flaky(events, n, **kwargs):
+        if n > 1 and bad["left"]:
+            bad["left"] -= 1
+            raise timing.TraceSplitError("cut inside a call")
+        return real_split(events, n, **kwargs)
+
+    fake = FakeDevices()
+    sampler = timing._DeviceSpanSampler(fake.call, None, lambda _: None, fake.start_session,
+                                        sleep=fake.sleep)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(timing, "split_calls", flaky)
+        assert len(sampler.take(3)) == 3
+        assert sampler.pause_s == timing.PAUSE_MIN_S * 2 ** timing.SPLIT_RETRIES
+        bad["left"] = timing.SPLIT_RETRIES + 1
+        with pytest.raises(timing.TraceSplitError, match="cut inside a call"):
+            sampler.take(3)
+
+
+def test_the_sampler_keeps_the_last_batchs_spans_and_every_batchs_all_device_span():
+    fake = FakeDevices()
+    sampler = timing._DeviceSpanSampler(fake.call, None, lambda _: None, fake.start_session)
+    sampler.take(2)
+    sampler.take(3)
+    assert len(sampler.last_spans) == 3 and sampler.last_spans[0].largest_s == \
+        pytest.approx(325e-6)
+    assert sampler.all_devices == pytest.approx([330e-6] * 5)  # both batches, in order
+
+
+def test_a_profiler_that_cannot_start_says_why_and_the_host_clock_takes_over(monkeypatch,
+                                                                            capsys):
+    def busy():
+        raise RuntimeError("another session is active")
+
+    with pytest.raises(timing.DeviceTraceUnavailable,
+                       match=r"^cannot start a profiler session: another session is active$"):
+        timing._DeviceSpanSampler(lambda: None, None, lambda _: None, busy)
+    monkeypatch.setattr(compat, "trace_session_factory", lambda: None)
+    timing._warn_no_trace.cache_clear()
+    with pytest.warns(RuntimeWarning, match=r"no device trace \(this jaxlib has no in-memory "
+                                            r"profiler session\)"):
+        _, method = timing.make_sampler(_on_gpu_timeable(FakeDevices()), "hot",
+                                        fingerprint.fingerprint(), clock="device-span")
+    assert method == "host-clock"
+
+
+# -- make_sampler and trace_calls: the device clock's flush and fallbacks -----------------------
+
+def test_the_cold_device_clock_flushes_the_l2_of_every_device_the_work_runs_on(monkeypatch):
+    """Cold work over two devices whose inputs sit on one: the flush writes the device's L2 on
+    both devices of the mesh (`devices_of` the arguments, at least the timeable's count),
+    before each call and out of its samples; and where no trace can be had, the host
+    clock's fallback flushes the same devices before each sample and waits for each call."""
+    import jax
+
+    fake = FlushingDevices()
+    made = []
+
+    def flush_devices(nbytes, devices):
+        made.append((nbytes, devices))
+        return fake.flush
+
+    monkeypatch.setattr(timing, "jax_flush_devices", flush_devices)
+    monkeypatch.setattr(compat, "trace_session_factory", lambda: fake.start_session)
+    gpu = fakes.gpu_fingerprint(l2_bytes=50 << 20)
+    meshed = dataclasses.replace(_on_gpu_timeable(fake), devices=2)
+    sampler, method = timing.make_sampler(meshed, "cold", gpu)
+    assert method == "device-span"
+    assert made == [(50 << 20, jax.devices()[:2])]
+    assert sampler.take(2) == pytest.approx([325e-6] * 2)
+    assert fake.flushes == 1 + 1 + 2
+    # No trace: the host clock, the same flush before every sample, each call waited for.
+    fake = FlushingDevices()
+    calls_made = []
+    meshed = dataclasses.replace(meshed, fn=lambda x: calls_made.append(x) or x)
+    monkeypatch.setattr(compat, "trace_session_factory", lambda: None)
+    timing._warn_no_trace.cache_clear()
+    with pytest.warns(RuntimeWarning, match="timed by the host clock"):
+        sampler, method = timing.make_sampler(meshed, "cold", gpu)
+    assert method == "host-clock" and made[-1] == (50 << 20, jax.devices()[:2])
+    flushes = fake.flushes
+    waited = []
+    real_wait = jax.block_until_ready
+    monkeypatch.setattr(jax, "block_until_ready", lambda x: waited.append(x) or real_wait(x))
+    assert len(sampler.take(3)) == 3
+    assert fake.flushes - flushes == 3
+    assert len(calls_made) == 3 and all(w is meshed.args[0] for w in waited)
+    assert sampler.throttled == [False] * 3
+
+
+def test_trace_calls_gives_the_spans_of_hot_calls_of_jax_work_on_a_gpu(monkeypatch):
+    """trace_calls records `calls` calls (5 unless told), with no flush between them, of JAX
+    work on a GPU; torch work, work off the GPU and a jaxlib without a trace give None."""
+    fake = FakeDevices()
+    monkeypatch.setattr(compat, "trace_session_factory", lambda: fake.start_session)
+    monkeypatch.setattr(timing, "jax_flush_devices", lambda *a: pytest.fail("flushed"))
+    timeable = _on_gpu_timeable(fake)
+    spans = timing.trace_calls(timeable)
+    assert len(spans) == 5 and all(s.largest_s == pytest.approx(325e-6) for s in spans)
+    assert len(timing.trace_calls(timeable, 2)) == 2
+    assert timing.trace_calls(dataclasses.replace(timeable, on_gpu=False)) is None
+    assert timing.trace_calls(dataclasses.replace(timeable, framework="torch")) is None
+    monkeypatch.setattr(compat, "trace_session_factory", lambda: None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert timing.trace_calls(timeable) is None
+
+
+def test_devices_of_lists_the_arrays_devices_in_id_order():
+    """The devices the arrays live on, sorted by id (the flush is dispatched to them in that
+    order), however the mesh lists them; JAX's first devices where they live on fewer than
+    asked for."""
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 host devices")
+    devices = jax.devices()
+    assert timing.devices_of((jax.device_put(jnp.ones(2), devices[3]),)) == [devices[3]]
+    mesh = compat.make_mesh((3,), ("x",), devices=[devices[5], devices[2], devices[7]])
+    x = jax.device_put(jnp.ones(6), jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec("x")))
+    assert timing.devices_of({"x": x}) == [devices[2], devices[5], devices[7]]
+    assert timing.devices_of({"x": x}, 3) == [devices[2], devices[5], devices[7]]
+    assert timing.devices_of({"x": x}, 4) == devices[:4]
+    assert timing.devices_of(()) == devices[:1]
+
+
+def test_the_device_clocks_flush_goes_to_the_devices_holding_the_inputs(monkeypatch):
+    """Inputs on a device other than JAX's first (a one-device run beside a mesh run, pinned
+    to its GPU): the cold flush writes that device's L2, not the first device's, on the
+    device clock and on the host clock that stands in for it where there is no trace."""
+    if jax.device_count() < 4:
+        pytest.skip("needs 4 host devices")
+    made = []
+    fake = FlushingDevices()
+
+    def flush_devices(nbytes, devices):
+        made.append(devices)
+        return fake.flush
+
+    monkeypatch.setattr(timing, "jax_flush_devices", flush_devices)
+    monkeypatch.setattr(compat, "trace_session_factory", lambda: fake.start_session)
+    third = jax.devices()[3]
+    timeable = timing.Timeable("pinned", "jax", lambda x: fake.call(),
+                               (jax.device_put(jnp.ones(2), third),), True)
+    assert timing.make_sampler(timeable, "cold", fakes.gpu_fingerprint(),
+                               clock="device-span")[1] == "device-span"
+    monkeypatch.setattr(compat, "trace_session_factory", lambda: None)
+    with warnings.catch_warnings():  # the host clock's warning, said once
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert timing.make_sampler(timeable, "cold", fakes.gpu_fingerprint(),
+                                   clock="device-span")[1] == "host-clock"
+    assert made == [[third], [third]]
+
+
+def test_the_hot_host_clock_fallback_flushes_nothing(monkeypatch):
+    """Hot work that was to be timed by the device span and falls back to the host clock runs
+    back to back as the hot regime says: no flush is made for it."""
+    monkeypatch.setattr(timing, "jax_flush_devices", lambda *a: pytest.fail("flushed hot"))
+    monkeypatch.setattr(compat, "trace_session_factory", lambda: None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        sampler, method = timing.make_sampler(_on_gpu_timeable(FakeDevices()), "hot",
+                                              fingerprint.fingerprint(), clock="device-span")
+    assert method == "host-clock" and len(sampler.take(2)) == 2
+
+
+def test_torch_without_cupti_says_so_not_that_a_trace_was_taken(monkeypatch):
+    """Before any device trace, torch on a GPU where CUPTI cannot be had falls back to CUDA
+    events saying CUPTI is missing; asked for events, it says nothing."""
+    monkeypatch.setattr(compat, "cupti_session", lambda: None)
+    monkeypatch.delenv(timing.TORCH_TIMER_VARIABLE, raising=False)
+    torch_work = timing.Timeable("torch-op", "torch", lambda: None, (), True)
+    timing._warn_no_cupti.cache_clear()
+    timing._warn_traced.cache_clear()
+    with pytest.warns(RuntimeWarning, match=r"^kernelperf: CUPTI is not available here .*: "
+                                            r"torch is timed by cuda-events"):
+        assert timing.make_sampler(torch_work, "hot", fingerprint.fingerprint())[1] == \
+            "cuda-events"
+    monkeypatch.setenv(timing.TORCH_TIMER_VARIABLE, "cuda-events")
+    monkeypatch.setattr(timing, "_TRACED", True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert timing.make_sampler(torch_work, "hot", fingerprint.fingerprint())[1] == \
+            "cuda-events"

@@ -722,3 +722,32 @@ def test_cuda_events_time_each_call_between_its_own_pair(monkeypatch):
     assert sampler.take(2) == pytest.approx([2e-3, 2e-3])  # starts 1, 2; ends 3, 4
     assert log == ["flush", ("record", 1), "call", ("record", 3),
                    "flush", ("record", 2), "call", ("record", 4), "sync"]
+
+
+def test_each_cupti_session_stops_after_the_work_it_recorded():
+    """The session is stopped only once the last work dispatched inside it is done: the wait
+    is given the call's result (the flush's when the flush is recorded alone), since JAX
+    dispatches asynchronously and a session stopped early loses the kernels still running."""
+    session = FakeCuptiSession()
+    waited = []
+
+    def call():
+        session.launch("k", 1.0)
+        return "call's result"
+
+    def flush():
+        session.launch("flush", 1.0)
+        return "flush's result"
+
+    sampler = timing._CuptiSampler(call, flush, waited.append, session, "op")
+    assert waited == ["call's result", "flush's result", "flush's result"]  # compile, learn
+    sampler.take(2)
+    assert waited[3:] == ["call's result"] * 2
+
+
+def test_cupti_sampler_refuses_a_flush_it_cannot_see():
+    """A flush that CUPTI records no kernel for cannot be told from the call's kernels."""
+    session = FakeCuptiSession()
+    with pytest.raises(RuntimeError, match=r"^CUPTI recorded no kernel for the L2 flush$"):
+        timing._CuptiSampler(lambda: session.launch("k", 1.0), lambda: None, lambda _: None,
+                             session, "op")

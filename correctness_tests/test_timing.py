@@ -4,6 +4,7 @@ samples it reports."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -325,10 +326,404 @@ def test_the_medians_halfwidth_is_z_standard_errors_and_shrinks_as_the_root_of_n
     def expected(samples, z=timing.Z99):
         return z * timing.MEDIAN_SE_FACTOR * timing.robust_cv(samples) / math.sqrt(len(samples))
 
-    assert timing.median_halfwidth([1.0]) == math.inf
+    assert timing.median_halfwidth([1.0]) == timing.median_halfwidth([]) == math.inf
     for samples in ([1.0, 2.0], [1.0, 2.0, 3.0], [1.0, 2.0, 3.0] * 4):
         assert timing.median_halfwidth(samples) == pytest.approx(expected(samples))
     assert timing.median_halfwidth([1.0, 2.0, 3.0], z=1.0) == pytest.approx(
         expected([1.0, 2.0, 3.0], z=1.0))
     assert timing.median_halfwidth([1.0, 2.0, 3.0] * 4) == pytest.approx(
         timing.median_halfwidth([1.0, 2.0, 3.0]) / 2)  # 4x the samples, half the width
+
+
+# -- what a harness reads as time: the device clock ---------------------------------------------
+
+def test_device_clock_rounds_are_the_loaded_samples_in_order():
+    """pytest-benchmark's pedantic reads timer() before and after each round: each round of a
+    loaded clock must last exactly the next sample, in the order they were taken, whatever
+    the clock read before (`advance`, an earlier load); a round past the last sample is an
+    error, not a zero-length round."""
+    clock = timing.DeviceClock()
+    assert (clock.read(), clock.pending) == (0.0, 0)
+    clock.advance(0.25)
+    clock.advance(0.5)
+    assert clock.read() == 0.75  # advance adds one sample's time to the clock
+    samples = [0.375, 0.125, 0.25]  # binary fractions: every sum is exact
+    clock.load(samples)
+    assert clock.pending == 3
+    rounds = []
+    for _ in samples:
+        before = clock.read()
+        clock.step()
+        rounds.append(clock.read() - before)
+    assert rounds == samples and clock.pending == 0
+    assert clock.read() == sum(samples)  # from zero again: the load restarted the clock
+    with pytest.raises(RuntimeError, match=r"^DeviceClock: no device samples left; pedantic ran "
+                                           r"more rounds than the measurement has samples$"):
+        clock.step()
+
+
+# -- the cold flush's size on a CPU, from a made-up sysfs --------------------------------------
+
+@pytest.mark.parametrize(("sizes", "expected"), [
+    ({0: "32K", 1: "48K", 2: "1280K"}, 1280 << 10),  # the largest, in KiB
+    ({0: "48K", 1: "2M", 2: "12M"}, 12 << 20),  # in MiB
+    ({0: "48K", 1: "3000000"}, 3_000_000),  # no suffix: bytes
+    ({0: "32K", 1: "512M"}, timing.CPU_FLUSH_MAX_BYTES),  # a VM's host's L3: capped
+    ({}, min(timing.CPU_CACHE_FALLBACK_BYTES, timing.CPU_FLUSH_MAX_BYTES)),  # nothing listed
+])
+def test_cpu_flush_size_is_the_largest_cache_sysfs_lists(monkeypatch, sizes, expected):
+    """A CPU's cold flush writes its largest cache as sysfs gives it (cpu0's cache/indexN/size:
+    "48K", "2M", or plain bytes), capped at CPU_FLUSH_MAX_BYTES, and the fallback size where
+    sysfs lists none (a container without /sys): a size misread by its suffix would leave
+    the inputs in the cache, or write far more than it holds."""
+    import builtins
+    import io
+
+    prefix = "/sys/devices/system/cpu/cpu0/cache/index"
+
+    def fake_open(path, *args, **kwargs):
+        if isinstance(path, str) and path.startswith(prefix):
+            index = int(path.removeprefix(prefix).split("/")[0])
+            if index not in sizes:
+                raise FileNotFoundError(path)
+            return io.StringIO(sizes[index] + "\n")
+        return builtins.open(path, *args, **kwargs)
+
+    monkeypatch.setattr(timing, "open", fake_open, raising=False)  # the module's own `open`
+    cpu = dataclasses.replace(fakes.gpu_fingerprint(), platform="cpu", l2_bytes=0)
+    assert timing.l2_bytes(cpu) == expected
+
+
+# -- Timeables made from a callable or an implementation ---------------------------------------
+
+def test_a_torch_callable_is_timed_as_it_is_on_this_machines_device():
+    """A torch callable runs as given, on the arguments given, in torch (timed by torch's
+    clocks), and is on a GPU exactly when torch sees one."""
+    import torch
+
+    def add(a, b):
+        return a + b
+
+    timeable = timing.callable_timeable("add", add, "torch", (2, 3))
+    assert (timeable.label, timeable.framework) == ("add", "torch")
+    assert timeable.on_gpu is torch.cuda.is_available()
+    assert timeable.fn(*timeable.args) == 5
+
+
+def test_a_jax_callable_is_compiled_once_and_a_jitted_one_kept_as_it_is():
+    """A plain JAX function is jitted: its Python body runs once (tracing), not per timed call,
+    so the host's Python is not timed; a function jitted already keeps its own jit (here its
+    static argument, which a second jit around it would turn into a tracer)."""
+    import jax
+    import jax.numpy as jnp
+
+    from kernels.core import compat
+
+    traces = []
+
+    def double(x):
+        traces.append(1)
+        return x * 2
+
+    timeable = timing.callable_timeable("double", double, "jax", (jnp.ones(3),))
+    assert (timeable.label, timeable.framework) == ("double", "jax")
+    assert timeable.on_gpu is compat.on_gpu()
+    for _ in range(3):
+        np.testing.assert_array_equal(timeable.fn(*timeable.args), np.full(3, 2.0))
+    assert len(traces) == 1
+    scaled = jax.jit(lambda x, n: x * n, static_argnums=1)
+    kept = timing.callable_timeable("scale", scaled, "jax", (jnp.ones(2), 3))
+    np.testing.assert_array_equal(kept.fn(*kept.args), np.full(2, 3.0))
+
+
+def _made_up_implementation(framework: str, differentiable: bool = True):
+    """A softmax implementation that scales by its case's `scale` parameter: its output shows
+    whether the case's parameters reached it."""
+    from kernels.core import registry
+
+    def fn(x, scale, mesh):
+        return x * scale
+
+    return registry.Implementation(op="softmax", name=f"scaled-{framework}", fn=fn,
+                                   framework=framework, differentiable=differentiable)
+
+
+def _scaled_case(mesh: str = "1x1"):
+    from kernels.core import registry
+
+    return registry.make_case("softmax", "f32", {"rows": 4, "cols": 8},
+                              params={"scale": 3.0, "mesh": mesh})
+
+
+@pytest.mark.parametrize("framework", ["jax", "torch"])
+def test_prepare_times_the_implementation_on_the_cases_inputs_and_parameters(framework):
+    """Forward and backward timeables of an implementation: labelled by implementation, case
+    and direction, in its framework, on this machine's device, computing fn(*inputs,
+    **case.kwargs) (its VJP for the backward, repeatable: the benchmark calls it many times);
+    a forward of an implementation that has no backward is timed too."""
+    from kernels.core import checking, compat, frameworks, registry
+
+    impl, case = _made_up_implementation(framework), _scaled_case()
+    (x,) = checking.make_inputs(registry.operation("softmax"), case, 0, "normal")
+
+    def numpy(value):
+        return frameworks.torch_to_numpy(value) if framework == "torch" else np.asarray(value)
+
+    on_gpu = compat.on_gpu() if framework == "jax" else __import__("torch").cuda.is_available()
+    for direction in ("fwd", "bwd"):
+        timeable = timing.prepare(impl, case, direction=direction)
+        assert timeable.label == f"softmax-scaled-{framework} {case.id} {direction}"
+        assert timeable.framework == framework and timeable.on_gpu is on_gpu
+        for _ in range(2):  # a backward twice: torch frees a graph not retained
+            out = timeable.fn(*timeable.args)
+        if direction == "fwd":
+            np.testing.assert_allclose(numpy(out), 3.0 * x, rtol=1e-6)  # default seed: 0
+        else:
+            cotangent = timing._cotangent(x.shape, np.dtype("float32"), 0)
+            np.testing.assert_allclose(numpy(out[0]), 3.0 * cotangent, rtol=1e-6)
+    forward_only = timing.prepare(_made_up_implementation(framework, differentiable=False), case)
+    np.testing.assert_allclose(numpy(forward_only.fn(*forward_only.args)), 3.0 * x, rtol=1e-6)
+
+
+def test_prepare_counts_a_meshed_cases_devices_in_both_directions():
+    """The device count of a case whose `mesh` spans several devices is kept forward and
+    backward: it picks the device clock over CUPTI's single-device timer."""
+    impl = _made_up_implementation("jax")
+    for direction in ("fwd", "bwd"):
+        assert timing.prepare(impl, _scaled_case("2x1"), direction=direction).devices == 2
+
+
+def test_measure_times_the_prepared_implementation_as_asked(monkeypatch):
+    """measure is time_timeable of prepare(impl, case, direction, seed, inputs) in the regime
+    and by the rule given: each argument reaches the part that reads it, and by default it
+    times the forward, cold, of the inputs from seed 0 (those the correctness checks use)."""
+    prepared = []
+
+    def fake_prepare(impl, case, *, direction="fwd", seed=0, inputs=None):
+        prepared.append((impl, case, direction, seed, inputs))
+        return _host_timeable(lambda: None, label=f"{impl}/{case}/{direction}")
+
+    monkeypatch.setattr(timing, "prepare", fake_prepare)
+    rule = timing.StoppingRule(min_samples=3, max_samples=3)
+    m = timing.measure("impl", "case", "bwd", "hot", rule=rule, seed=7, inputs=("x",))
+    assert prepared == [("impl", "case", "bwd", 7, ("x",))]
+    assert (m.label, m.regime, m.repeats) == ("impl/case/bwd", "hot", 3)
+    default = timing.measure("impl", "case", rule=rule)
+    assert prepared[-1] == ("impl", "case", "fwd", 0, None)
+    assert default.regime == "cold"
+
+
+def test_time_timeable_reports_what_it_timed_with_the_clocks_around_it(monkeypatch):
+    """The measurement names its timeable, the device it was given (its fingerprint, and the
+    SM clock read before the first sampled batch and after the last), and per sample the
+    lower clock around its batch and whether that is throttled; left out, the regime is cold
+    and the rule the device's default (KERNELPERF_TIME_BUDGET)."""
+    reads = itertools.count()
+    mhz = {0: 1980, 1: 1970, 2: 1000, 3: 1990}  # warm-up's two reads, then the sampled batch's
+
+    def read_clocks():
+        return fingerprint.Clocks(sm_mhz=mhz.get(next(reads), 1990), memory_mhz=2619)
+
+    monkeypatch.setattr(fingerprint, "read_clocks", read_clocks)
+    monkeypatch.setenv("KERNELPERF_TIME_BUDGET", "0.05")
+    gpu = fakes.gpu_fingerprint()
+    monkeypatch.setattr(timing, "numpy_flush", lambda nbytes: lambda: None)  # no 60 MB writes
+    m = timing.time_timeable(_host_timeable(_sleeper(0.0002), "the-op"), device=gpu)
+    assert (m.label, m.regime, m.method) == ("the-op", "cold", "host-clock")
+    assert m.stop_reason in ("converged", "time-budget") and m.repeats >= 20
+    assert m.fingerprint["name"] == "Test GPU"
+    assert m.fingerprint["clocks_before"] == {"sm_mhz": 1000, "memory_mhz": 2619,
+                                              "temperature_c": None}
+    assert m.fingerprint["clocks_after"]["sm_mhz"] == 1990
+    assert m.sm_clock_mhz[:20] == (1000,) * 20  # the first batch: 20 samples, the 1000 read
+    assert m.throttled[:20] == (True,) * 20 and not any(m.throttled[20:])
+
+
+def test_launch_overhead_waits_for_each_jax_batch_outside_the_timed_span(monkeypatch):
+    """Launch overhead issues the timeable's calls on its own arguments and waits for the last
+    one's result after each sample (JAX: block_until_ready on it), so no sample starts with
+    the device busy; the result is labelled host-launch, hot, with the device's fingerprint,
+    and with no rule it follows the device's default one."""
+    import jax
+    import jax.numpy as jnp
+
+    waited = []
+    real_wait = jax.block_until_ready
+    monkeypatch.setattr(jax, "block_until_ready", lambda x: waited.append(x) or real_wait(x))
+    monkeypatch.setenv("KERNELPERF_TIME_BUDGET", "0.05")
+    issued = []
+
+    def add(a, b):
+        out = a + b
+        issued.append(out)
+        return out
+
+    timeable = timing.Timeable("add", "jax", add, (jnp.ones(2), jnp.ones(2)), on_gpu=False)
+    gpu = fakes.gpu_fingerprint()
+    m = timing.launch_overhead(timeable, device=gpu, calls=3)
+    assert (m.label, m.method, m.regime) == ("add", "host-launch", "hot")
+    assert m.stop_reason in ("converged", "time-budget", "max-samples") and m.repeats >= 20
+    assert m.fingerprint == gpu.to_dict()
+    assert len(issued) == 3 * (m.repeats + timing.WARMUP_CALLS)
+    assert len(waited) == m.repeats + timing.WARMUP_CALLS
+    assert all(w is issued[3 * i + 2] for i, w in enumerate(waited))  # each batch's last call
+
+
+def _counting_flush(log: list):
+    """A flush factory for make_sampler's monkeypatched flushes: logs its size when made and
+    "flush" each time it runs."""
+    def make(nbytes, *args, **kwargs):
+        log.append(("made", nbytes, *args))
+        return lambda: log.append("flush")
+    return make
+
+
+@pytest.mark.parametrize("framework", ["jax", "torch"])
+def test_the_cold_flush_runs_before_every_host_clock_sample(monkeypatch, framework):
+    """On the host clock every sample of the cold regime follows its own flush, and the timed
+    call is the timeable's function on the timeable's arguments, whichever framework."""
+    import jax.numpy as jnp
+
+    log: list = []
+    for name in ("jax_flush", "numpy_flush"):
+        monkeypatch.setattr(timing, name, _counting_flush(log))
+    args = (jnp.ones(2),) if framework == "jax" else (np.ones(2),)
+    timeable = timing.Timeable("call", framework, lambda x: log.append(("call", x)) or x, args,
+                               on_gpu=False)
+    sampler, _ = timing.make_sampler(timeable, "cold", fakes.gpu_fingerprint(1 << 20))
+    sampler.take(3)
+    assert log[0] == ("made", 1 << 20)
+    assert [e if e == "flush" else e[0] for e in log[1:]] == ["flush", "call"] * 3
+    assert all(e[1] is args[0] for e in log[1:] if e != "flush")
+
+
+def test_jax_flushes_write_the_size_asked_and_the_host_clocks_waits(monkeypatch):
+    """The host clock's JAX flush waits for its write (else the write runs into the timed
+    call), CUPTI's does not (its session records the flush's kernels before the call); the
+    several-device flush writes `nbytes` on each device given, at once, and waits."""
+    import jax
+
+    waited = []
+    real_wait = jax.block_until_ready
+    monkeypatch.setattr(jax, "block_until_ready", lambda x: waited.append(x) or real_wait(x))
+    written = timing.jax_flush(4096)()
+    assert len(waited) == 1 and written.nbytes == 4096
+    assert timing.jax_flush(4096, wait=False)().nbytes == 4096 and len(waited) == 1
+    devices = jax.devices()[1:3]  # not the default device
+    writes = timing.jax_flush_devices(4096, devices)()
+    assert len(waited) == 2 and waited[1] is writes
+    assert [w.nbytes for w in writes] == [4096, 4096]
+    assert [list(w.devices()) for w in writes] == [[d] for d in devices]
+
+
+def test_the_torch_flush_writes_its_size_on_the_gpu(monkeypatch):
+    """The torch flush is a buffer of `nbytes` bytes on the GPU that each call overwrites
+    (faked on the CPU: torch.empty is asked for CUDA and given host memory)."""
+    import torch
+
+    asked = []
+    real_empty = torch.empty
+
+    def empty(size, *, dtype, device):
+        asked.append(device)
+        return real_empty(size, dtype=dtype)
+
+    monkeypatch.setattr(torch, "empty", empty)
+    flush = timing.torch_flush(4096)
+    buffer = flush()
+    assert asked == ["cuda"]
+    assert buffer.numel() * buffer.element_size() == 4096 and bool((buffer == 0).all())
+
+
+class _FakeEvents:
+    """torch.cuda.Event on a simulated device clock (seconds), which the flush and the call
+    advance by their own durations: samples are exact, whatever the host's load."""
+
+    def __init__(self):
+        self.now = 0.0
+        clock = self
+
+        class Event:
+            def __init__(self, enable_timing: bool):
+                assert enable_timing
+                self.at = None
+
+            def record(self):
+                self.at = clock.now
+
+            def elapsed_time(self, end) -> float:  # milliseconds, as CUDA events give them
+                return (end.at - self.at) * 1e3
+
+        self.Event = Event
+
+    def run(self, seconds: float):
+        self.now += seconds
+
+
+def test_cuda_events_time_each_call_and_leave_the_flush_out(monkeypatch):
+    """Asked for cuda-events, torch work on a GPU is timed between an event pair around each
+    call, its own arguments given, the cold flush before the start event; on the GPU's
+    clocks (throttle flags read against the device given). Events faked on a simulated
+    clock: the flush takes 3 ms, the call 1 ms."""
+    import torch
+
+    events = _FakeEvents()
+    monkeypatch.setenv(timing.TORCH_TIMER_VARIABLE, "cuda-events")
+    monkeypatch.setattr(torch.cuda, "Event", events.Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(timing, "torch_flush", lambda nbytes: lambda: events.run(3e-3))
+    monkeypatch.setattr(fingerprint, "read_clocks", lambda: fingerprint.Clocks(sm_mhz=1000))
+    timeable = timing.Timeable("op", "torch", events.run, (1e-3,), on_gpu=True)
+    sampler, method = timing.make_sampler(timeable, "cold", fakes.gpu_fingerprint())
+    assert method == "cuda-events"
+    assert sampler.take(3) == pytest.approx([1e-3] * 3)
+    assert events.now == pytest.approx(3 * (3e-3 + 1e-3))  # each call after its own flush
+    assert sampler.throttled == [True] * 3
+
+
+def test_torch_cupti_waits_for_the_device_and_names_the_call(monkeypatch):
+    """torch work timed by CUPTI synchronizes the device before each session stops (torch's
+    kernels are asynchronous), and a call that launched no kernel is named in the error."""
+    import torch
+
+    from kernels.core import compat
+
+    monkeypatch.delenv(timing.TORCH_TIMER_VARIABLE, raising=False)
+    monkeypatch.setattr(timing, "_TRACED", False)
+    synced = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: synced.append(1))
+
+    class Session:  # records nothing: the call launches no kernel
+        def start(self):
+            pass
+
+        def stop(self):
+            return []
+
+    monkeypatch.setattr(compat, "cupti_session", Session)
+    timeable = timing.Timeable("torch-view", "torch", lambda: None, (), on_gpu=True)
+    sampler, method = timing.make_sampler(timeable, "hot", fakes.gpu_fingerprint())
+    assert method == "cupti" and synced == [1]  # the compiling call, waited for
+    with pytest.raises(timing.NoKernel, match=r"^CUPTI recorded no kernel for torch-view:"):
+        sampler.take(1)
+    assert synced == [1, 1]
+
+
+def test_jax_cupti_names_the_call_that_launched_no_kernel(monkeypatch):
+    from kernels.core import compat
+
+    monkeypatch.setattr(timing, "_TRACED", False)
+
+    class Session:
+        def start(self):
+            pass
+
+        def stop(self):
+            return []
+
+    monkeypatch.setattr(compat, "cupti_session", Session)
+    timeable = timing.Timeable("jax-view", "jax", lambda: None, (), on_gpu=True)
+    sampler, method = timing.make_sampler(timeable, "hot", fakes.gpu_fingerprint())
+    assert method == "cupti"
+    with pytest.raises(timing.NoKernel, match=r"^CUPTI recorded no kernel for jax-view:"):
+        sampler.take(1)

@@ -263,6 +263,49 @@ EQUIVALENT: dict[str, str] = {
         'float("INF") is float("inf"): Python parses the name case-insensitively',
     "kernels.core.timing.x_coefficient_of_variation__mutmut_16":
         'float("INF") is float("inf"): Python parses the name case-insensitively',
+    **{name: 'float("INF") is float("inf"): Python parses the name case-insensitively'
+       for name in ("kernels.core.timing.x_robust_cv__mutmut_5",
+                    "kernels.core.timing.x_robust_cv__mutmut_12",
+                    "kernels.core.timing.x_median_halfwidth__mutmut_12",
+                    "kernels.core.timing.xǁMeasurementǁfrom_dict__mutmut_10")},
+    # zip's strict on two lists built to one length (starts and ends, n each; a list's
+    # bounds[:-1] and bounds[1:]): it could only ever raise on lengths that differ.
+    **{f"kernels.core.timing.xǁ_CudaEventSamplerǁtake__mutmut_{n}":
+       "zip's strict dropped: starts and ends are both made n long"
+       for n in (11, 14, 15, 21, 24, 25)},
+    **{f"kernels.core.timing.x_split_calls__mutmut_{n}":
+       "zip's strict dropped: bounds[:-1] and bounds[1:] are one shorter than bounds each"
+       for n in (42, 45, 49)},
+    **{f"kernels.core.timing.x_torch_timer__mutmut_{n}":
+       "environ.get's default None or left out for '': both falsy, so unset reads 'cupti'"
+       for n in (4, 6)},
+    **{f"kernels.core.timing.x__say__mutmut_{n}":
+       "print's flush=True dropped: sys.stderr is line-buffered (always, since Python 3.9) "
+       "and the message ends in a newline"
+       for n in (10, 13, 14)},
+    "kernels.core.timing.x_l2_bytes__mutmut_35":
+        "rstrip('XXKMXX') for rstrip('KM'): a sysfs cache size is digits and a K or M, no X",
+    "kernels.core.timing.x_jax_flush__mutmut_22":
+        "the flush writes 2 for 1: a flush is its bytes written, whatever they hold",
+    "kernels.core.timing.x_jax_flush_devices__mutmut_16":
+        "the flush writes 2 for 1: a flush is its bytes written, whatever they hold",
+    "kernels.core.timing.x_devices_of__mutmut_11":
+        "jax.devices()[:2] for [:1]: reached only with no array and at_least < 1; every "
+        "caller passes a timeable's device count, at least 1",
+    "kernels.core.timing.xǁ_ClockedSamplerǁ__init____mutmut_4":
+        "first/last clocks '' for None: both falsy, and the first take or reset replaces them "
+        "before anything reads them",
+    "kernels.core.timing.xǁ_LaunchSamplerǁtake__mutmut_3":
+        "last = '' for None: the first of `calls` calls overwrites it (calls=0 divides by zero "
+        "before the wait)",
+    "kernels.core.timing.xǁ_DeviceSpanSamplerǁ__init____mutmut_6":
+        "last_spans None for [] before the first take: nothing reads it before a take sets it",
+    **{name: "the default label 'call' changed: it is only error text, and every caller in "
+             "the package (make_sampler, _device_span_sampler) passes the timeable's label"
+       for name in ("kernels.core.timing.xǁ_CuptiSamplerǁ__init____mutmut_1",
+                    "kernels.core.timing.xǁ_CuptiSamplerǁ__init____mutmut_2",
+                    "kernels.core.timing.xǁ_DeviceSpanSamplerǁ__init____mutmut_1",
+                    "kernels.core.timing.xǁ_DeviceSpanSamplerǁ__init____mutmut_2")},
     "kernels.bench.asv_tools.x_verdict__mutmut_42":
         "floor >= min_gap: at floor == min_gap the gap is min_gap, so nothing lies between",
     **{f"kernels.roofline.ceilings.xǁCeilingǁpeak__mutmut_{n}":
@@ -439,6 +482,18 @@ SURVIVORS: dict[str, str] = {
     "kernels.bench.gate.x_main_flow__mutmut_220":
         "git revert without --no-edit opens an editor only when run from a terminal; the "
         "tests have none",
+    **{f"kernels.core.timing.x__say__mutmut_{n}":
+        "the warning's stacklevel (where it points): mutmut's trampolines add frames to "
+        "every call, so no test of it passes mutmut's unmutated run; seen by a reader of a "
+        "real run's warning"
+       for n in (6, 7)},
+    "kernels.core.timing.x_l2_bytes__mutmut_8":
+        "range(9) for range(8): reads a ninth cache index too; sysfs lists 4 or 5 (L1d, L1i, "
+        "L2, L3, an L4 at most), so only a test that pins the loop's bound could tell",
+    "kernels.core.timing.x_prepare__mutmut_115":
+        "the torch cotangent left on the host (.to(None)): on a CPU that is the output's "
+        "device; on a GPU autograd.grad refuses a host cotangent for a CUDA output, which any "
+        "torch backward benchmark there (perf gate, `kernels time --direction bwd`) catches",
     **{f"kernels.core.checking.x_check__mutmut_{n}":
        "zip's strict dropped: differs only where prepare or the VJP hands back another number "
        "of arguments or gradients than the operation has inputs, which JAX's and torch's "
