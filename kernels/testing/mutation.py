@@ -225,6 +225,12 @@ EQUIVALENT: dict[str, str] = {
     **{f"kernels.cli.bench.x_add_commands__mutmut_{n}":
        "the command listing's help text of bench or compare, reworded"
        for n in (3, 4, 8)},
+    "kernels.cli.drill.x_add_commands__mutmut_20":
+        "fault-drill's --faults without metavar: only the placeholder --help shows changes",
+    "kernels.cli.measure.x__selection_arguments__mutmut_83":
+        "--dims without metavar: only the placeholder --help shows changes",
+    "kernels.cli.drill.x_add_commands__mutmut_74":
+        "--item-limit's default=None left out: argparse's default is None",
     **{f"kernels.core.checking.x_compare__mutmut_{n}":
        "astype's copy=False, None, True or left out: a copy or not, the same values"
        for n in (40, 42, 43, 46, 48, 49, 55, 57, 59)},
