@@ -681,6 +681,17 @@ def test_cuda_events_time_each_call_and_leave_the_flush_out(monkeypatch):
     assert sampler.throttled == [True] * 3
 
 
+
+class _SilentCuptiSession:
+    """A CUPTI session that records nothing: the call launched no kernel."""
+
+    def start(self):
+        pass
+
+    def stop(self):
+        return []
+
+
 def test_torch_cupti_waits_for_the_device_and_names_the_call(monkeypatch):
     """torch work timed by CUPTI synchronizes the device before each session stops (torch's
     kernels are asynchronous), and a call that launched no kernel is named in the error."""
@@ -693,14 +704,7 @@ def test_torch_cupti_waits_for_the_device_and_names_the_call(monkeypatch):
     synced = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: synced.append(1))
 
-    class Session:  # records nothing: the call launches no kernel
-        def start(self):
-            pass
-
-        def stop(self):
-            return []
-
-    monkeypatch.setattr(compat, "cupti_session", Session)
+    monkeypatch.setattr(compat, "cupti_session", _SilentCuptiSession)
     timeable = timing.Timeable("torch-view", "torch", lambda: None, (), on_gpu=True)
     sampler, method = timing.make_sampler(timeable, "hot", fakes.gpu_fingerprint())
     assert method == "cupti" and synced == [1]  # the compiling call, waited for
@@ -714,14 +718,7 @@ def test_jax_cupti_names_the_call_that_launched_no_kernel(monkeypatch):
 
     monkeypatch.setattr(timing, "_TRACED", False)
 
-    class Session:
-        def start(self):
-            pass
-
-        def stop(self):
-            return []
-
-    monkeypatch.setattr(compat, "cupti_session", Session)
+    monkeypatch.setattr(compat, "cupti_session", _SilentCuptiSession)
     timeable = timing.Timeable("jax-view", "jax", lambda: None, (), on_gpu=True)
     sampler, method = timing.make_sampler(timeable, "hot", fakes.gpu_fingerprint())
     assert method == "cupti"
