@@ -681,7 +681,6 @@ def test_cuda_events_time_each_call_and_leave_the_flush_out(monkeypatch):
     assert sampler.throttled == [True] * 3
 
 
-
 class _SilentCuptiSession:
     """A CUPTI session that records nothing: the call launched no kernel."""
 
