@@ -223,20 +223,18 @@ def test_one_gpu_models_results_from_several_hosts_draw_one_line(tmp_path):
     """Results of one GPU model taken on a 16-core and a 64-core host get one set of params in
     the published copy (asv draws a line per set), so its history is one line; a driver
     change still starts another, and the shipped files are untouched."""
-    model = "nvidia-h100-80gb-hbm3"
-    commits = {commit: {BENCHMARK: (GPU_PARAMS, "1", at)}
-               for at, commit in enumerate(("c0ffee", "beef", "dead"))}
-    shipped = fakes.asv_results_folder(tmp_path / "shipped", model,
-                                       {BENCHMARK: _entry(GPU_PARAMS, "1")}, commits)
+    model, shipped = "nvidia-h100-80gb-hbm3", tmp_path / "shipped"
     small = {"cpu": "Xeon; NVIDIA H100", "num_cpu": "16", "ram": "135", "os": "Linux 6.18"}
     big = {**small, "num_cpu": "64", "ram": "540", "os": "Linux-6.18-x86_64"}
+    hosts = (("c0ffee", small), ("beef", big), ("dead", {**big, "driver": "590"}))
+    for at, (commit, host) in enumerate(hosts):
+        fakes.asv_result_file(shipped, model, commit,
+                              {BENCHMARK: [[1.0, 1.0], GPU_PARAMS, "1", at]},
+                              params={"driver": "580", **host})
     (shipped / model / "machine.json").write_text(json.dumps(
         {"machine": model, **small, "driver": "580", "version": 1}))
-    for commit, params in (("c0ffee", small), ("beef", big), ("dead", {**big, "driver": "590"})):
-        path = shipped / model / f"{commit}-env.json"
-        result = json.loads(path.read_text())
-        result["params"] = {"machine": model, "driver": "580", **params}
-        path.write_text(json.dumps(result))
+    (shipped / "benchmarks.json").write_text(json.dumps(
+        {BENCHMARK: _entry(GPU_PARAMS, "1"), "version": 2}))
 
     lines = dashboard.combine_results([shipped], tmp_path / "both")
 

@@ -3,9 +3,10 @@
 # busbw asked (260-325 at 256 MiB-1 GiB per rank) while send/recv reaches 360. Runs
 # `python -m kernels.sharding.collectives` (nccl-tests' definitions, device clock) at 256 MiB,
 # 512 MiB and 1 GiB per rank under NCCL and XLA settings, on all GPUs and on 2, each under a
-# 45 s watchdog; the busbw rows go to the output, everything to $OUT/nccl_probe.log.
+# 45 s watchdog; each variant's busbw rows go to the output, everything to
+# $OUT/nccl_probe.log.
 #
-#   bash .ci/device/nccl_probe.sh            (VARIANTS="name=ENV ..." to choose others)
+#   bash .ci/device/nccl_probe.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -21,20 +22,21 @@ variants=(
     "ring+simple+channels32=NCCL_ALGO=Ring NCCL_PROTO=Simple NCCL_MIN_NCHANNELS=32"
     "symmetric-buffers=XLA_FLAGS=$symmetric"
 )
-for n in $GPUS 2; do
+COUNTS=$GPUS; (( GPUS > 2 )) && COUNTS="$GPUS 2"  # a 2-GPU host: each variant once
+for n in $COUNTS; do
     for variant in "${variants[@]}"; do
         name=${variant%%=*} settings=${variant#*=}
         [ "$n" = 2 ] && [[ $name = ring* ]] && continue
         echo "=== $n GPUs, $name: ${settings:-(none)}" | tee -a "$OUT/nccl_probe.log"
         # shellcheck disable=SC2086  # settings are NAME=VALUE words
-        env $settings timeout -k 5 45 python3 -m kernels.sharding.collectives \
+        rows=$(env $settings timeout -k 5 45 python3 -m kernels.sharding.collectives \
             --ops all-gather reduce-scatter all-reduce --min-bytes 256M --max-bytes 1G \
-            --devices "$n" >> "$OUT/nccl_probe.log" 2>&1
+            --devices "$n" 2>&1)
         status=$?
+        echo "$rows" >> "$OUT/nccl_probe.log"
         [ $status = 0 ] || echo "    exit $status" | tee -a "$OUT/nccl_probe.log"
-        grep -E "^(all-gather|reduce-scatter|all-reduce) " "$OUT/nccl_probe.log" | tail -n 9 \
+        # This variant's rows alone (a variant that failed prints none).
+        echo "$rows" | grep -E "^(all-gather|reduce-scatter|all-reduce) " \
             | awk -v n="$n" -v name="$name" '{ printf "%-3s %-24s %s\n", n, name, $0 }'
-        # Only this variant's rows: mark the log so the next tail does not repeat them.
-        echo "--- end $n $name" >> "$OUT/nccl_probe.log"
     done
 done

@@ -265,12 +265,10 @@ EQUIVALENT: dict[str, str] = {
         "ratio <= 1 for < 1: a ratio of exactly 1 is never a change, so never reaches here",
     "kernels.bench.asv_tools.x_verdict__mutmut_100":
         "ratio >= 1 for > 1: a ratio of exactly 1 is never a change, so never reaches here",
-    "kernels.core.timing.x_coefficient_of_variation__mutmut_5":
-        'float("INF") is float("inf"): Python parses the name case-insensitively',
-    "kernels.core.timing.x_coefficient_of_variation__mutmut_16":
-        'float("INF") is float("inf"): Python parses the name case-insensitively',
     **{name: 'float("INF") is float("inf"): Python parses the name case-insensitively'
-       for name in ("kernels.core.timing.x_robust_cv__mutmut_5",
+       for name in ("kernels.core.timing.x_coefficient_of_variation__mutmut_5",
+                    "kernels.core.timing.x_coefficient_of_variation__mutmut_16",
+                    "kernels.core.timing.x_robust_cv__mutmut_5",
                     "kernels.core.timing.x_robust_cv__mutmut_12",
                     "kernels.core.timing.x_median_halfwidth__mutmut_12",
                     "kernels.core.timing.xǁMeasurementǁfrom_dict__mutmut_10")},
