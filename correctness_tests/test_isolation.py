@@ -71,6 +71,56 @@ def test_a_sticky_error_is_found_through_causes_and_groups():
     assert isolation.sticky_in_exception(ValueError("plain")) is None
 
 
+@pytest.mark.parametrize("position", [0, 1, 2])
+def test_a_sticky_error_is_found_in_any_member_of_a_group(position):
+    members = [ValueError("x"), KeyError("y"), TypeError("z")]
+    members[position] = RuntimeError("CUDA error: misaligned address")
+    group = ExceptionGroup("three", members)
+    assert isolation.sticky_in_exception(group).startswith("CUDA_ERROR_MISALIGNED_ADDRESS")
+
+
+def test_an_exceptions_chain_holds_each_exception_once_even_when_it_is_cause_and_context():
+    """`raise ... from inner` inside `except inner`: inner is both the cause and the context;
+    a group may hold one exception twice."""
+    try:
+        try:
+            raise RuntimeError("inner")
+        except RuntimeError as caught:
+            raise ValueError("outer") from caught
+    except ValueError as outer:
+        chained = outer
+    assert [str(e) for e in isolation._chain(chained)] == ["outer", "inner"]
+    twice = KeyError("twice")
+    group = ExceptionGroup("g", [twice, twice])
+    assert sorted(map(repr, isolation._chain(group))) == sorted(map(repr, (group, twice)))
+
+
+def test_a_sticky_error_named_only_by_the_exceptions_type_is_found():
+    named = type("cudaErrorLaunchFailure", (RuntimeError,), {})
+    assert isolation.sticky_in_exception(named()) == \
+        "CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure"
+
+
+def test_the_device_check_names_a_sticky_error_by_its_code_else_gives_the_probes_own_words(
+        monkeypatch):
+    answers = {"healthy": None, "sticky": "RuntimeError: CUDA error: an illegal memory access "
+               "was encountered", "other": "stand-in poisoned"}
+    asked = []
+
+    def health(*names):
+        # Undone before the call ends: this run's own device check after it asks the probes.
+        with monkeypatch.context() as patch:
+            patch.setattr(isolation, "_PROBES", [
+                lambda name=name: asked.append(name) or answers[name] for name in names])
+            return isolation.device_health()
+
+    assert health("healthy") is None
+    assert health("healthy", "sticky", "other") == \
+        "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered"
+    assert health("other", "sticky") == "stand-in poisoned"  # the first unhealthy probe's
+    assert asked == ["healthy", "healthy", "sticky", "other"]
+
+
 def test_the_device_check_starts_no_backend_and_costs_microseconds_on_a_cpu():
     """With torch and JAX imported but not started (as in a CPU test run), the check looks at
     their bookkeeping only: no backend comes up, and a call costs microseconds."""
@@ -124,6 +174,18 @@ def test_a_kernel_items_limit_grows_with_its_case_and_a_mark_or_the_option_wins(
                                                            "the default limit")
 
 
+def test_a_kernel_items_limit_grows_by_the_per_gib_seconds_for_each_gib_its_case_may_hold(
+        monkeypatch):
+    from kernels.testing import scheduling
+
+    held = {"f32-37x128": 3 * 2**30, "f32-32768x4096": 2**29}
+    monkeypatch.setattr(scheduling, "estimated_bytes", lambda op, case: held[case.id])
+    op = registry.operation("softmax")
+    limits = isolation.Limits(kernel_s=7.25, per_gib_s=4.0, other_s=1.0)  # a key no run made
+    assert limits.for_case(op, op.case("f32-37x128")) == 7.25 + 3 * 4.0
+    assert limits.for_case(op, op.case("f32-32768x4096")) == 7.25 + 0.5 * 4.0
+
+
 @pytest.mark.parametrize("kernel_s,per_gib_s,other_s,ok", [
     (1, 0, 1, True), (0, 1, 1, False), (1, -1, 1, False), (1, 1, 0, False), (-1, 1, 1, False),
     (1, 1, -1, False),
@@ -161,6 +223,17 @@ def test_a_kernel_item_a_bad_input_item_and_a_gpu_marked_test_are_device_items()
         [True, True, True, False]
     assert isolation.describe_item(bad_input) == "softmax-xla given a NaN"
     assert isolation.describe_item(plain) == "test_plain"
+
+
+def test_a_kernel_item_is_described_as_the_controller_labels_its_node_id(tmp_path):
+    """The worker's words for an item and the controller's for the same node id (a dead
+    worker's item, never collected there) agree: the implementation, case and inputs."""
+    impl = registry.implementation("softmax", "xla")
+    case = registry.operation("softmax").case("f32-37x128")
+    item = _item(types.SimpleNamespace(impl=impl, case=case, distribution="large"))
+    nodeid = f"correctness_tests/test_kernels.py::test_matches_reference[{impl.id}-{case.id}-large]"
+    assert isolation.describe_item(item) == _controller(tmp_path).label(nodeid) == \
+        "softmax-xla f32-37x128 (large inputs)"
 
 
 def test_an_errors_one_line_is_its_first_line_with_its_type_cut_at_300_characters():
@@ -236,6 +309,78 @@ def test_a_fatal_signal_record_becomes_one_line_with_the_test_and_the_innermost_
     line = controller._fault_record("gw4", "correctness_tests/test_kernels.py::test_x[a]")
     assert line.startswith("no result after 0:00:13 with the GIL held")
     assert line.endswith("at test_kernels.py:26 test_matches_reference -> __init__.py:166 match")
+
+
+_RUNNER = '  File "/venv/_pytest/runner.py", line 170 in pytest_runtest_call\n'
+_TEST = '  File "/repo/correctness_tests/test_kernels.py", line 26 in test_matches_reference\n'
+_NODE = "correctness_tests/test_kernels.py::test_matches_reference[a]"
+
+
+def _thread(header: str, *frames: str) -> str:
+    return f"{header} 0x00007e (most recent call first):\n" + "".join(frames)
+
+
+@pytest.mark.parametrize("current_first", [True, False])
+def test_a_fatal_signal_is_placed_in_the_thread_that_faulted_whatever_the_threads_order(
+        tmp_path, current_first):
+    """A crash in a thread the test started: the faulting ('Current') thread is named, not
+    the main thread that waits inside pytest's runner."""
+    current = _thread("Current thread",
+                      '  File "/repo/kernels/ops/softmax/pool.py", line 9 in work\n',
+                      '  File "/usr/lib/python3.11/threading.py", line 975 in run\n')
+    main = _thread("Thread", '  File "/usr/lib/python3.11/threading.py", line 324 in wait\n',
+                   _TEST, _RUNNER)
+    threads = [current, main] if current_first else [main, current]
+    (tmp_path / "fault-gw1.txt").write_text("Fatal Python error: Segmentation fault\n\n"
+                                            + "\n".join(threads))
+    assert _controller(tmp_path)._fault_record("gw1", _NODE) == \
+        "Fatal Python error: Segmentation fault at pool.py:9 work"
+
+
+@pytest.mark.parametrize("runner_first", [True, False])
+def test_a_watchdog_record_is_placed_in_the_thread_inside_pytests_runner_whatever_the_order(
+        tmp_path, runner_first):
+    main = _thread("Thread", '  File "/repo/kernels/k.py", line 5 in spin\n', _TEST, _RUNNER)
+    other = _thread("Thread", '  File "/usr/lib/python3.11/threading.py", line 324 in wait\n')
+    threads = [main, other] if runner_first else [other, main]
+    (tmp_path / "fault-gw1.txt").write_text("Timeout (0:00:09)!\n" + "\n".join(threads))
+    assert _controller(tmp_path)._fault_record("gw1", _NODE) == (
+        "no result after 0:00:09 with the GIL held, ended by faulthandler's watchdog at "
+        "test_kernels.py:26 test_matches_reference -> k.py:5 spin")
+
+
+def test_a_watchdog_record_with_no_thread_in_pytests_runner_names_the_last_thread(tmp_path):
+    (tmp_path / "fault-gw1.txt").write_text("Timeout (0:00:09)!\n" + "\n".join([
+        _thread("Thread", '  File "/repo/a.py", line 1 in first\n'),
+        _thread("Thread", '  File "/repo/b.py", line 2 in last\n')]))
+    assert _controller(tmp_path)._fault_record("gw1", _NODE).endswith(" at b.py:2 last")
+
+
+@pytest.mark.parametrize("frames, where", [
+    ("", ""),  # no Python frame on the faulting thread
+    ('  File "/repo/kernels/k.py", line 5 in kernel\n', " at k.py:5 kernel"),  # no test frame
+    (_TEST, " at test_kernels.py:26 test_matches_reference"),  # it faulted in the test itself
+    ('  File "/repo/kernels/k.py", line 5 in kernel\n' + _TEST,
+     " at test_kernels.py:26 test_matches_reference -> k.py:5 kernel"),
+])
+def test_a_fault_records_line_names_the_test_and_the_innermost_frame_only_where_they_are(
+        tmp_path, frames, where):
+    (tmp_path / "fault-gw1.txt").write_text(
+        "Fatal Python error: Aborted\n\n" + _thread("Current thread", frames))
+    assert _controller(tmp_path)._fault_record("gw1", _NODE) == \
+        f"Fatal Python error: Aborted{where}"
+
+
+def test_a_record_without_a_fatal_error_line_is_named_by_its_first_line_less_its_colon(
+        tmp_path):
+    """A bare traceback dump (faulthandler.dump_traceback), no 'Fatal Python error' first."""
+    (tmp_path / "fault-gw1.txt").write_text(_thread("Current thread", _TEST))
+    assert _controller(tmp_path)._fault_record("gw1", _NODE) == (
+        "Current thread 0x00007e (most recent call first) at test_kernels.py:26 "
+        "test_matches_reference")
+    (tmp_path / "fault-gw2.txt").write_text("\n \n")  # made, nothing written
+    assert _controller(tmp_path)._fault_record("gw2", _NODE) is None
+    assert _controller(tmp_path)._fault_record("gw3", _NODE) is None  # never made
 
 
 # -- the scheduler fixes --------------------------------------------------------------------------
@@ -345,6 +490,49 @@ def test_without_isolation_the_scheduler_is_xdists_own(tmp_path):
     first = next(iter(sched.assigned_work[gw0]))
     assert sched.remove_node(gw0) == first
     assert first in sched.workqueue  # xdist's behaviour: the crashed item runs again
+
+
+def test_a_worker_that_died_between_items_is_recorded_and_its_queue_goes_to_a_live_worker(
+        tmp_path):
+    items = [f"t.py::test[{i}]" for i in range(6)]
+    sched, controller = _scheduler(tmp_path)
+    gw0, gw1 = _Node("gw0"), _Node("gw1")
+    _start(sched, items, [gw0, gw1])
+    lost = [nodeid for unit in sched.assigned_work[gw0].values() for nodeid in unit]
+    for unit in sched.assigned_work[gw1].values():  # gw1 is through its own
+        unit.update(dict.fromkeys(unit, True))
+    sent = len(gw1.sent)
+    assert sched.remove_node(gw0) is None  # nothing of it had started
+    assert controller.between == [
+        f"worker gw0 died between items (no Python fault record; exit status unknown); its "
+        f"queue, from {lost[0]}, was requeued"]
+    assert gw1.sent[sent:]  # the idle worker is given work at once, not at its next report
+    pending = {nodeid for unit in [*sched.workqueue.values(), *sched.assigned_work[gw1].values()]
+               for nodeid, done in unit.items() if not done}
+    assert set(lost) <= pending
+
+
+def test_without_isolation_a_joining_worker_gets_what_xdist_gives_it(tmp_path):
+    """xdist's loadscope gives a replacement one unit (with one-item units, the stall the
+    isolating scheduler's top-up mends); without isolation that stays xdist's."""
+    items = [f"t.py::test[{i}]" for i in range(10)]
+    sched, _ = _scheduler(tmp_path, isolating=False)
+    gw0, gw1, gw2 = _Node("gw0"), _Node("gw1"), _Node("gw2")
+    _start(sched, items, [gw0, gw1])
+    sched.add_node(gw2)
+    sched.add_node_collection(gw2, items)
+    sched.schedule()
+    assert sum(not done for unit in sched.assigned_work[gw2].values()
+               for done in unit.values()) == 1
+
+
+def test_a_contained_fault_is_counted_without_xdists_session_or_its_restart_budget(tmp_path):
+    controller = _controller(tmp_path)
+    controller.user_restarts = False
+    controller._contained("one")  # no dsession plugin (-p no:xdist)
+    controller.config.pluginmanager.get_plugin = {"dsession": object()}.get
+    controller._contained("two")  # a dsession without the budget (another xdist version)
+    assert controller.contained == ["one", "two"]
 
 
 def test_a_contained_fault_costs_no_restart_of_xdists_budget_unless_the_user_set_it(tmp_path):
@@ -668,6 +856,13 @@ def test_a_node_id_is_labelled_as_its_kernel_item_or_by_its_test_name(tmp_path):
     assert controller.label(f"{node}[softmax-nope-f32-37x128-normal]") == \
         "test_matches_reference[softmax-nope-f32-37x128-normal]"
     assert controller.label("correctness_tests/test_x.py::TestY::test_z") == "test_z"
+    # The parameters are the last brackets' (a folder's name may hold brackets too), and only
+    # real items are labelled (an implementation with another operation's case is none).
+    assert controller.label("tests/[gpu]/test_k.py::test_k[softmax-xla-f32-37x128-normal]") == \
+        "softmax-xla f32-37x128 (normal inputs)"
+    other_case = registry.operation("matmul").cases[0].id
+    assert controller.label(f"{node}[softmax-xla-{other_case}-normal]") == \
+        f"test_matches_reference[softmax-xla-{other_case}-normal]"
 
 
 def test_blame_takes_a_hangs_own_line_else_builds_one_from_the_fault_record(tmp_path):
@@ -731,6 +926,14 @@ def test_settle_closes_what_finished_returns_the_item_that_died_and_requeues_the
     assert len(controller.between) == isolation.REQUEUE_LIMIT
     assert controller.settle(_node("gw7", code=-11), {"scope": never}) == "t::e"
     assert never == {"t::e": True, "t::f": False}
+    # The worker's fault record, where it left one (a fixture's crash), is in the line.
+    (tmp_path / "fault-gw8.txt").write_text(
+        "Fatal Python error: Segmentation fault\n\n" + _thread(
+            "Current thread", '  File "/r/correctness_tests/conftest.py", line 12 in device\n'))
+    assert controller.settle(_node("gw8", code=-11), {"scope": {"t::g": False}}) is None
+    assert controller.between[-1] == (
+        "worker gw8 died between items (Fatal Python error: Segmentation fault at "
+        "conftest.py:12 device; killed by SIGSEGV); its queue, from t::g, was requeued")
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -859,3 +1062,182 @@ def test_the_drill_contains_an_abort_in_asv_on_a_cpu():
     printed = "\n".join(lines).splitlines()
     rows = [line.split() for line in printed if line.startswith("abort ")]
     assert [row[1:5] for row in rows] == [["asv", "1/1", "0", "1/1"]], "\n".join(lines)
+
+
+@pytest.mark.parametrize("platform, refused", [("cpu", "cuda-oob"), ("gpu", "sticky")])
+def test_a_fault_refused_on_a_platform_is_told_with_every_fault_that_runs_there(platform,
+                                                                                refused):
+    def runs_here(name):
+        try:
+            drill.Settings(platform=platform, faults=(name,))
+        except ValueError:
+            return False
+        return True
+
+    with pytest.raises(ValueError) as error:
+        drill.Settings(platform=platform, faults=(refused,))
+    named = json.loads(str(error.value).rsplit("; here: ", 1)[1].replace("'", '"'))
+    assert named == [f.name for f in faults.FAULTS if runs_here(f.name)] and refused not in named
+
+
+def test_drill_settings_take_an_item_limit_under_a_second():
+    assert drill.Settings(platform="cpu", item_limit_s=0.5).item_limit == 0.5
+
+
+class _Clock:
+    """time.monotonic for drill._run, moved on by the tool stand-in's waits."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class _Tool:
+    """subprocess.Popen for drill._run: it ends `ends_after_s` after its start (None: never),
+    with `code`; each wait moves the clock on, and writes `output` to the log at its second."""
+
+    def __init__(self, clock, ends_after_s=None, code=0, output="", raises=None):
+        self.clock, self.ends_after_s, self.code, self.output = clock, ends_after_s, code, output
+        self.raises, self.waits, self.started = raises, [], None
+
+    def __call__(self, command, **kwargs):
+        self.command, self.kwargs, self.started = command, kwargs, self.clock.now
+        return self
+
+    def wait(self, timeout):
+        self.waits.append(timeout)
+        if self.raises:
+            raise self.raises
+        if len(self.waits) == 2 and self.output:
+            self.kwargs["stdout"].write(self.output)
+            self.kwargs["stdout"].flush()
+        end = None if self.ends_after_s is None else self.started + self.ends_after_s
+        if end is not None and end <= self.clock.now + timeout:
+            self.clock.now = max(self.clock.now, end)
+            return self.code
+        self.clock.now += timeout
+        raise subprocess.TimeoutExpired(self.command, timeout)
+
+
+def _run_tool(tmp_path, monkeypatch, tool, clock, killed=None, **kwargs):
+    """drill._run of `tool` against `clock`, with an 11 s limit: ((code, wall), the lines it
+    logged, the processes whose group it killed)."""
+    killed = [] if killed is None else killed
+    monkeypatch.setattr(drill, "time", types.SimpleNamespace(monotonic=clock.monotonic))
+    monkeypatch.setattr(drill, "subprocess", types.SimpleNamespace(
+        Popen=tool, STDOUT=subprocess.STDOUT, DEVNULL=subprocess.DEVNULL,
+        TimeoutExpired=subprocess.TimeoutExpired))
+    monkeypatch.setattr(drill, "_kill_group", killed.append)
+    monkeypatch.setattr(drill, "HEARTBEAT_S", 5.0)
+    lines: list[str] = []
+    result = drill._run(["prog", "-q"], tmp_path, {"A": "1"}, 11.0, tmp_path / "t.log",
+                        log=lines.append, **kwargs)
+    return result, lines, killed
+
+
+def test_a_tool_that_never_ends_is_waited_on_to_its_limit_then_its_group_is_killed(
+        tmp_path, monkeypatch):
+    clock = _Clock()
+    tool = _Tool(clock, output="....F [ 50%]\n")
+    (code, wall), lines, killed = _run_tool(tmp_path, monkeypatch, tool, clock)
+    assert (code, wall, killed) == (None, 11.0, [tool])
+    assert tool.waits == [5.0, 5.0, 1.0]  # the heartbeat, the last one cut at the limit
+    # Without a label the heartbeat names the program; the seconds are since the start.
+    assert lines == ["  prog: 5 s of at most 11 s; last output: (none yet)",
+                     "  prog: 10 s of at most 11 s; last output: ....F [ 50%]",
+                     "  prog: 11 s of at most 11 s; last output: ....F [ 50%]"]
+
+
+def test_a_tool_runs_in_its_own_session_in_the_clone_with_both_streams_in_its_log(
+        tmp_path, monkeypatch):
+    clock = _Clock()
+    tool = _Tool(clock, ends_after_s=7.0, code=3)
+    (code, wall), lines, killed = _run_tool(tmp_path, monkeypatch, tool, clock, label="asv")
+    assert (code, wall, killed) == (3, 7.0, [])  # ended by itself: nothing to kill
+    assert lines == ["  asv: 5 s of at most 11 s; last output: (none yet)"]
+    options = dict(tool.kwargs, stdout=tool.kwargs["stdout"].name)
+    assert options == {"cwd": tmp_path, "env": {"A": "1"}, "stdout": str(tmp_path / "t.log"),
+                       "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL,
+                       "start_new_session": True}
+
+
+def test_an_interrupted_wait_kills_the_tools_group_and_is_raised(tmp_path, monkeypatch):
+    clock = _Clock()
+    tool = _Tool(clock, raises=KeyboardInterrupt())
+    killed: list = []
+    with pytest.raises(KeyboardInterrupt):
+        _run_tool(tmp_path, monkeypatch, tool, clock, killed)
+    assert killed == [tool]
+
+
+def test_the_drill_shows_at_most_120_characters_of_a_tools_last_line(tmp_path):
+    log = tmp_path / "tool.log"
+    log.write_text("z" * 500 + "\n")
+    assert drill._last_line(log) == "z" * 117 + "..."
+
+
+def test_a_last_line_that_fills_the_4_kib_read_is_shown_from_its_start(tmp_path):
+    log = tmp_path / "tool.log"
+    log.write_text("earlier\n" + "start" + "y" * (4096 - 5))
+    assert drill._last_line(log, width=10) == "startyy..."
+
+
+def test_junit_outcomes_read_test_cases_only_and_skip_one_without_a_name(tmp_path):
+    junit = tmp_path / "j.xml"
+    junit.write_text(textwrap.dedent("""\
+        <testsuites><testsuite name="kernels[cpu]">
+          <properties><property name="case[f32]" value="x"/></properties>
+          <testcase classname="t"/>
+          <testcase name="test_k[softmax-xla-a]"/>
+        </testsuite></testsuites>"""))
+    assert drill.junit_outcomes(junit) == {"softmax-xla-a": ("passed", "")}
+
+
+def test_a_pytest_row_is_the_plain_runs_and_has_no_message_when_nothing_planted_failed():
+    row = drill.pytest_row("hang", "xla", {"softmax-xla-a": ("passed", ""),
+                                           "softmax-torch-a": ("failed", "other's")}, 3.0, True)
+    assert (row.tool, row.planted_failed, row.message) == ("pytest", 0, "")
+
+
+def _asv_results(directory, *, machine="m", env="py3.11", impls=("torch", "xla"), result=(),
+                 benchmark="benchmarks.Softmax.time_device"):
+    """An asv results file of commit abcdef12...: `result` over `impls` x one case x fwd."""
+    folder = directory / machine
+    folder.mkdir(parents=True, exist_ok=True)
+    params = [[f"'{impl}'" for impl in impls], ["'f32-64x1000'"], ["'fwd'"]]
+    data = {"result_columns": ["result", "params"]}
+    if benchmark is not None:  # None: a run that measured nothing, without "results"
+        data["results"] = {benchmark: [list(result), params]}
+    (folder / f"abcdef12-kernelperf-{env}.json").write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("result, values", [
+    ([0.001, None], {"torch": 0.001, "xla": None}),  # a failure stays its own
+    ([None, 0.002], {"torch": None, "xla": 0.002}),
+    ([], {"torch": "nan", "xla": "nan"}),  # no result at all: skipped
+])
+def test_asv_values_give_each_implementation_its_own_result(tmp_path, result, values):
+    _asv_results(tmp_path, result=result)
+    found = drill.asv_values(tmp_path, "abcdef1234", "benchmarks.Softmax.time_device")
+    assert {k: "nan" if isinstance(v, float) and math.isnan(v) else v
+            for k, v in found.items()} == values
+
+
+def test_asv_values_read_a_lone_implementation_and_every_results_file_of_the_commit(tmp_path):
+    _asv_results(tmp_path, machine="a", benchmark=None)  # measured nothing
+    _asv_results(tmp_path, machine="b", benchmark="benchmarks.Other.time_device", result=[1.0])
+    _asv_results(tmp_path, machine="c", impls=("xla",), result=[0.003])
+    assert drill.asv_values(tmp_path, "abcdef1234", "benchmarks.Softmax.time_device") == \
+        {"xla": 0.003}
+
+
+def test_the_drill_names_every_fault_that_escaped_and_shows_300_characters_of_a_message():
+    lines: list[str] = []
+    rows = [drill.Row("abort", "pytest", 0, 1, 0, 1, 1, 1.0, True, "m" * 400),
+            drill.Row("hang", "asv", 1, 1, 0, 1, 1, 9.0, False, "t" * 300)]
+    assert drill.report(rows, lines.append) == 1
+    assert lines[1:] == ["  abort / pytest: " + "m" * 297 + "...",
+                         "  hang / asv: " + "t" * 300,  # exactly the width: whole
+                         "fault-drill: NOT CONTAINED: abort (pytest), hang (asv)"]
