@@ -1108,6 +1108,8 @@ class _Tool:
 
     def wait(self, timeout):
         self.waits.append(timeout)
+        # Never a wait for nothing (past the limit it would be one without end, here).
+        assert timeout > 0, self.waits
         if self.raises:
             raise self.raises
         if len(self.waits) == 2 and self.output:
