@@ -45,19 +45,7 @@ def test_groups_per_case_and_for_several_devices():
     sharded = registry.operation("sharded_matmul")
     collective = registry.implementation("sharded_matmul", "collective")
     mesh = sharded.cases_tagged("gpu")[0]
-    # On a GPU machine one group per operation over all its meshes: a worker's reference cache
-    # serves every mesh of a case, and different operations' groups may run side by side.
-    ops_of = {}
-    for op in registry.operations():
-        for impl in registry.implementations(op.name):
-            for case in op.cases:
-                if impl.devices_for(case) > 1:
-                    ops_of.setdefault(scheduling.group(op, impl, case, fakes.H100),
-                                      set()).add(op.name)
-    assert all(len(names) == 1 for names in ops_of.values()), ops_of
-    assert len(ops_of) >= 4, ops_of  # sharded matmul, vmap, MoE, the transformer block
-    assert scheduling.group(sharded, collective, mesh, fakes.H100) == \
-        f"{scheduling.MULTI_DEVICE_GROUP}-sharded_matmul"
+    assert scheduling.group(sharded, collective, mesh, fakes.H100) == scheduling.MULTI_DEVICE_GROUP
     # On CPU every case is its own group: the sharded ones run on host devices, in parallel.
     assert scheduling.group(sharded, collective, mesh, CPU) == f"sharded_matmul-{mesh.id}"
     attention = registry.operation("attention")

@@ -7,13 +7,8 @@ worker) and run back to back. JAX's allocator never hands memory back to the dev
 a worker keeps the peak of the largest item it ran: the few cases whose reference needs
 tens of GiB (real-size attention) all go to one group, hence one worker, and the worker
 count is what the GPU holds with that worker at its peak and every other worker at the
-peak of the largest remaining case. Items over several devices form one group per
-operation: one operation's meshes run back to back in one worker (they share its cases'
-references), while the operations' groups run side by side. Their compiles, most of such an
-item's time, then use several CPUs, and their kernels time-slice the GPUs, which a
-correctness check does not mind (2026-11-27: one group for them all held `pytest -m
-multi_gpu` to their sum, 112 s of its 131 on 2 H100s). The worker plan budgets each of them
-at its whole estimate on one GPU, more than any one of its devices holds.
+peak of the largest remaining case. Items over several devices form one group too, so
+two of them never share the GPUs at once.
 
 Workers allocate with JAX's platform allocator (conftest.py), which hands memory
 back as arrays die. Items that time the device skip under several workers (see
@@ -58,11 +53,10 @@ def estimated_bytes(op: registry.Operation, case: registry.Case) -> float:
 
 def group(op: registry.Operation, impl: registry.Implementation, case: registry.Case,
           machine: devices.Machine) -> str:
-    """The xdist group of the items of (impl, case): the case; on a GPU machine, the heavy
-    group, or the operation's group of items over several devices."""
+    """The xdist group of the items of (impl, case): the case, or one of the shared groups."""
     if machine.has_gpu:
         if impl.devices_for(case) > 1:
-            return f"{MULTI_DEVICE_GROUP}-{op.name}"
+            return MULTI_DEVICE_GROUP
         if estimated_bytes(op, case) > HEAVY_BYTES:
             return HEAVY_GROUP
     return f"{op.name}-{case.id}"
