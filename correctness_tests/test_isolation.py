@@ -95,6 +95,21 @@ def test_an_exceptions_chain_holds_each_exception_once_even_when_it_is_cause_and
     assert sorted(map(repr, isolation._chain(group))) == sorted(map(repr, (group, twice)))
 
 
+def test_an_exceptions_chain_ends_when_its_contexts_form_a_cycle():
+    """Each exception the other's context (code that re-raises a saved exception can make
+    such a loop): the chain is walked in a thread, so one that never ends fails here in a
+    second, not at the run's time limit."""
+    import threading
+
+    first, second = RuntimeError("first"), ValueError("second")
+    first.__context__, second.__context__ = second, first
+    walked: list = []
+    walker = threading.Thread(target=lambda: walked.extend(isolation._chain(first)), daemon=True)
+    walker.start()
+    walker.join(timeout=1.0)
+    assert not walker.is_alive() and walked == [first, second]
+
+
 def test_a_sticky_error_named_only_by_the_exceptions_type_is_found():
     named = type("cudaErrorLaunchFailure", (RuntimeError,), {})
     assert isolation.sticky_in_exception(named()) == \

@@ -162,7 +162,11 @@ TARGETS = (
     # sight and time: the whole module scored 5% (isolation.py) and 0% (drill.py), nearly all
     # of it unreached.
     Target(name="isolation", modules=("kernels/testing/isolation.py", "kernels/testing/drill.py"),
-           tests=("correctness_tests/test_isolation.py", "-m", "not slow"),  # they run JAX
+           # Not the device check's cost (a child that imports JAX and torch, 8 s; the check
+           # runs in-process after every test here, with the mutant) nor the drill's real tool
+           # run (a child killed at its 1.5 s limit; its stand-in tests kill _run's mutants).
+           tests=("correctness_tests/test_isolation.py", "-m", "not slow",  # they run JAX
+                  "-k", "not costs_microseconds and not drill_waits_on"),
            functions=tuple(f"kernels.testing.isolation.x{name}__*" for name in (
                "_sticky_error", "__chain", "_sticky_in_exception", "__one_line",
                "_device_health", "__kernel_param", "_describe_item", "_is_device_item",
@@ -479,6 +483,39 @@ EQUIVALENT: dict[str, str] = {
     **{f"kernels.bench.breakdown.xǁBreakdownǁrender__mutmut_{n}":
        "seconds.get's default: only phases in seconds are rendered, so it is never read"
        for n in (33, 35, 36, 41, 43, 44)},
+    # isolation, reviewed 2026-11-27 (fourth session)
+    **{f"kernels.testing.isolation.x__one_line__mutmut_{n}":
+       "next's default dropped or None: the text starts with the exception's type name, so "
+       "a line with text always exists and the default is never read" for n in (4, 6)},
+    "kernels.testing.isolation.x__seconds__mutmut_5":
+        "-2.0 for -1.0 as an unreadable number's value: any negative is refused alike",
+    "kernels.testing.isolation.x__seconds__mutmut_12":
+        'float("INF") is float("inf"): Python parses the name case-insensitively',
+    "kernels.testing.isolation.xǁ_Controllerǁlabel__mutmut_13":
+        "the bracket slice of an id that does not end in ']': pytest puts parameters only "
+        "at the end, so the slice holds the path or '::' and names no kernel item",
+    "kernels.testing.isolation.xǁ_Controllerǁlabel__mutmut_23":
+        "'XXXX' for '' as a plain id's parameters: no kernel item's are either, the lookup "
+        "misses alike",
+    **{f"kernels.testing.isolation.xǁ_Controllerǁlabel__mutmut_{n}":
+       "rsplit('::') with no or another maxsplit: its last part is the same"
+       for n in (29, 32)},
+    "kernels.testing.isolation.xǁ_Controllerǁlabel__mutmut_33":
+        "[1] for [-1]: an item's node id always holds '::', so the one split has two parts",
+    "kernels.testing.isolation.xǁ_Controllerǁ_fault_record__mutmut_66":
+        "rstrip(':X') for rstrip(':'): faulthandler's first lines never end in an 'X'",
+    "kernels.testing.isolation.xǁReplacementFixesǁschedule__mutmut_1":
+        "the top-up on the first schedule too: xdist's first leaves each node two units "
+        "(two items or more) or an empty queue, so it adds nothing",
+    "kernels.testing.drill.x_junit_outcomes__mutmut_14":
+        "'XXXX' for a nameless test case's name: no brackets, skipped as '' is",
+    "kernels.testing.drill.x_junit_outcomes__mutmut_48":
+        "the message's 'or' fallback: read only for an empty message, which the conditional "
+        "around it has already sent to ''",
+    "kernels.testing.drill.x_asv_values__mutmut_31":
+        "strip(\"X'\") for strip(\"'\"): implementation names are lower case",
+    "kernels.testing.drill.x_asv_values__mutmut_57":
+        'float("NAN") is float("nan"): Python parses the name case-insensitively',
 }
 
 
@@ -525,6 +562,13 @@ SURVIVORS: dict[str, str] = {
        "the host norm's chunk count at its extremes (more chunks than elements; one chunk up "
        "to 3^20 elements): the same sum, the cost (10^9 views, or a float64 copy of the whole "
        "array) shows only at sizes no CPU test makes" for n in (17, 18)},
+    # isolation, reviewed 2026-11-27 (fourth session)
+    "kernels.testing.isolation.xǁ_Controllerǁ_exit_status__mutmut_3":
+        "3 s for 2 of waiting on a dead worker's exit status: it has exited; only a hung one "
+        "would show the second, and a test would have to wait it out",
+    "kernels.testing.drill.x__last_line__mutmut_20":
+        "4097 bytes of the log's end read for 4096: one more character only of a last line "
+        "longer than the read, which is cut anyway",
 }
 
 COPIED = ("correctness_tests", "perf_tests", "conftest.py", "asv.conf.json", "README.md")
