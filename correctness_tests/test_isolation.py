@@ -1115,7 +1115,7 @@ class _Tool:
 
     def __init__(self, clock, ends_after_s=None, code=0, output="", raises=None):
         self.clock, self.ends_after_s, self.code, self.output = clock, ends_after_s, code, output
-        self.raises, self.waits, self.started = raises, [], None
+        self.raises, self.waits, self.started, self.limit_s = raises, [], None, 11.0
 
     def __call__(self, command, **kwargs):
         self.command, self.kwargs, self.started = command, kwargs, self.clock.now
@@ -1123,8 +1123,10 @@ class _Tool:
 
     def wait(self, timeout):
         self.waits.append(timeout)
-        # Never a wait for nothing (past the limit it would be one without end, here).
-        assert timeout > 0, self.waits
+        # Never a wait for nothing, nor past the run's limit (either would go on without end
+        # here, as the clock moves only with the waits).
+        assert 0 < timeout and self.clock.now + timeout <= self.started + self.limit_s, \
+            self.waits
         if self.raises:
             raise self.raises
         if len(self.waits) == 2 and self.output:
@@ -1173,6 +1175,7 @@ def test_a_tool_runs_in_its_own_session_in_the_clone_with_both_streams_in_its_lo
     tool = _Tool(clock, ends_after_s=7.0, code=3)
     (code, wall), lines, killed = _run_tool(tmp_path, monkeypatch, tool, clock, label="asv")
     assert (code, wall, killed) == (3, 7.0, [])  # ended by itself: nothing to kill
+    assert tool.command == ["prog", "-q"]
     assert lines == ["  asv: 5 s of at most 11 s; last output: (none yet)"]
     options = dict(tool.kwargs, stdout=tool.kwargs["stdout"].name)
     assert options == {"cwd": tmp_path, "env": {"A": "1"}, "stdout": str(tmp_path / "t.log"),
