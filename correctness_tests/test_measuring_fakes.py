@@ -35,7 +35,8 @@ def _ids(keys):
 # -- the supervisor, with scripted workers ------------------------------------------------------
 
 class Clock:
-    """measuring's `time`: it moves only when the supervisor sleeps."""
+    """measuring's `time`: it moves only when the supervisor sleeps. A supervisor that waits
+    past every limit it has (hours) fails the test at once, rather than hanging it."""
 
     def __init__(self):
         self.now = 1000.0
@@ -50,6 +51,7 @@ class Clock:
 
     def sleep(self, seconds):
         self.now += seconds
+        assert self.now < 1000.0 + 10_000, "the supervisor waited past every limit"
 
 
 @dataclasses.dataclass
@@ -100,6 +102,7 @@ class Workers:
         monkeypatch.setattr(os, "killpg", self.killpg)
 
     def popen(self, command, **kwargs):
+        assert len(self.started) < 50, "the supervisor starts workers without end"
         at = next(i for i, arg in enumerate(command) if ".todo." in arg)  # the keys file
         journal, keys_file, flags = command[at - 1], command[at], command[at + 1:]
         pid = 10_000_000 + len(self.started)  # above any pid_max: no real process
@@ -145,7 +148,7 @@ def faulty(run):
         if impl == "raise":
             run.say(event="failed", key=text, reason="XlaRuntimeError: CUDA_ERROR_ILLEGAL")
             return measuring.EXIT_AFTER_FAILURE
-        run.say(event="done", key=text, samples=[1e-3, 2e-3, 3e-3], stop="pinned", pid=run.pid,
+        run.say(event="done", key=text, samples=[0.5, 1.0, 1.5], stop="pinned", pid=run.pid,
                 serial="--serial" in run.flags)
         yield
     return 0
@@ -179,8 +182,7 @@ def test_each_fault_fails_only_its_own_parameter_set_and_a_fresh_worker_takes_th
     assert [(pid, sig) for pid, sig, _ in workers.killed] == [(min(workers.processes),
                                                                signal.SIGKILL)]
     assert any("op/hang/case/fwd: timed out" in line for line in logged)
-    assert any(line.startswith("  measured op/a/case/fwd: 3 samples, median 2000.00 us (pinned)")
-               for line in logged)
+    assert "  measured op/a/case/fwd: 3 samples, median 1000000.00 us (pinned)" in logged
 
 
 def test_a_hung_parameter_set_runs_its_whole_limit_and_no_longer(tmp_path, monkeypatch):
@@ -298,30 +300,65 @@ def test_a_line_written_in_two_parts_is_read_once_whole(tmp_path, monkeypatch):
         run.say(event="worker")
         yield
         for text in run.keys:
-            line = json.dumps({"event": "start", "key": text}) + "\n"
+            run.say(event="start", key=text)
+            line = json.dumps({"event": "done", "key": text, "samples": [1.0], "stop": "pinned"})
             with open(run.journal, "a") as out:
                 out.write(line[:9])
             yield
             with open(run.journal, "a") as out:
-                out.write(line[9:])
-            yield
-            run.say(event="done", key=text, samples=[1.0], stop="pinned")
-            yield
+                out.write(line[9:] + "\n")
+        return 0
     records, workers, logged = _supervise(tmp_path, monkeypatch, _keys("a", "b"), script)
+    assert len(workers.started) == 1
     assert all(record["event"] == "done" for record in records.values())
     assert sum(line.startswith("  measured") for line in logged) == 2
 
 
-def test_a_line_that_is_no_json_is_passed_over(tmp_path, monkeypatch):
+def test_a_line_that_is_no_json_is_passed_over_and_the_lines_after_it_read(tmp_path,
+                                                                             monkeypatch):
     def script(run):
         run.say(event="worker")
-        with open(run.journal, "a") as out:
-            out.write("not json\n")
+        yield
         run.say(event="start", key=run.keys[0])
         yield
+        with open(run.journal, "a") as out:
+            out.write("not json\n")
         run.say(event="done", key=run.keys[0], samples=[1.0], stop="pinned")
-    records, _, _ = _supervise(tmp_path, monkeypatch, _keys("a"), script)
+        return 0
+    records, workers, _ = _supervise(tmp_path, monkeypatch, _keys("a"), script)
+    assert records[_keys("a")[0]]["event"] == "done" and len(workers.started) == 1
+
+
+def test_every_line_a_worker_writes_before_it_exits_is_read(tmp_path, monkeypatch):
+    def script(run):
+        run.say(event="worker")
+        for text in run.keys:
+            run.say(event="start", key=text)
+            run.say(event="done", key=text, samples=[1.0], stop="pinned")
+        return 0
+        yield
+    records, workers, _ = _supervise(tmp_path, monkeypatch, _keys("a", "b"), script)
+    assert all(record["event"] == "done" for record in records.values())
+    assert len(workers.started) == 1
+
+
+def test_what_an_earlier_worker_journalled_is_not_read_as_the_next_ones(tmp_path, monkeypatch):
+    """The first worker measures a and dies; the second dies before it is ready: b fails as
+    'did not start', though the journal already holds the first one's lines."""
+    def script(run):
+        if len(run.keys) == 1:
+            run.complain("ImportError: no kernels\n")
+            return 1
+        run.say(event="worker")
+        run.say(event="start", key=run.keys[0])
+        run.say(event="done", key=run.keys[0], samples=[1.0], stop="pinned")
+        yield
+        return -signal.SIGSEGV
+    records, workers, _ = _supervise(tmp_path, monkeypatch, _keys("a", "b"), script)
+    assert len(workers.started) == 2
     assert records[_keys("a")[0]]["event"] == "done"
+    assert records[_keys("b")[0]]["reason"] == (
+        "worker did not start (worker exit status 1: ImportError: no kernels)")
 
 
 @pytest.mark.parametrize("fault", ["ahead-raise", "ahead-hang"])
@@ -346,16 +383,19 @@ def test_a_fault_while_compiling_ahead_sends_a_serial_worker_to_find_its_key(
     assert all("compiling ahead" not in record.get("reason", "") for record in records.values())
 
 
-def test_compiling_ahead_may_take_its_rounds_times_the_largest_limit(tmp_path, monkeypatch):
+@pytest.mark.parametrize("threads, rounds", [(2, 3), (1, 5), (0, 5), (None, 5)])
+def test_compiling_ahead_may_take_its_rounds_times_the_largest_limit(tmp_path, monkeypatch,
+                                                                     threads, rounds):
     """Five keys on two threads compile in three rounds: the worker gets 3 x the largest key's
-    limit, and is stopped once past it."""
+    limit, and is stopped once past it (no thread count: one thread)."""
     keys = _keys("ahead-hang", "ahead-a", "ahead-b", "ahead-c", "ahead-d")
 
     def script(run):
         run.say(event="worker")
         yield
         if "--serial" not in run.flags:
-            run.say(event="ahead", keys=run.keys, threads=2)
+            run.say(event="ahead", keys=run.keys,
+                    **({} if threads is None else {"threads": threads}))
             while True:
                 yield
         for text in run.keys:
@@ -368,8 +408,45 @@ def test_compiling_ahead_may_take_its_rounds_times_the_largest_limit(tmp_path, m
         limit=lambda key: 4.0 if key[1] == "ahead-b" else 1.0)
     (_, _, killed_at), = workers.killed
     ahead_at = 1000.0 + 0.5
-    assert 12.0 < killed_at - ahead_at <= 12.5
+    assert rounds * 4.0 < killed_at - ahead_at <= rounds * 4.0 + 0.5
     assert all(record["event"] == "done" for record in records.values())
+
+
+def test_once_compiled_ahead_a_stalled_worker_is_no_longer_charged_as_compiling(
+        tmp_path, monkeypatch):
+    """After "ahead-done" the worker is between parameter sets: ITEM_LIMIT_S, and a stall
+    there is no compiling-ahead fault (no serial worker is sent)."""
+    def script(run):
+        run.say(event="worker")
+        yield
+        run.say(event="ahead", keys=run.keys, threads=2)
+        yield
+        run.say(event="ahead-done", seconds=1.0)
+        while True:
+            yield
+    records, workers, logged = _supervise(tmp_path, monkeypatch, _keys("a", "b"), script,
+                                          limit=1.0)
+    assert len(workers.started) == 1
+    assert not any("compiling ahead failed" in line for line in logged)
+    (_, _, killed_at), = workers.killed
+    assert measuring.ITEM_LIMIT_S < killed_at - (1000.0 + 1.0) <= measuring.ITEM_LIMIT_S + 0.5
+    assert all(record["reason"].startswith("timed out: the worker did not go on")
+               for record in records.values())
+
+
+def test_a_worker_that_measured_its_compiled_ahead_sets_is_done(tmp_path, monkeypatch):
+    records, workers, logged = _supervise(tmp_path, monkeypatch, _keys("ahead-a", "ahead-b"))
+    assert all(record["event"] == "done" and not record["serial"] for record in records.values())
+    assert len(workers.started) == 1 and not workers.killed
+
+
+def test_by_default_a_hang_is_stopped_within_a_fifth_of_a_second_past_its_limit(tmp_path,
+                                                                               monkeypatch):
+    workers = Workers(monkeypatch, faulty)
+    measuring.ensure_measured(_keys("hang"), tmp_path / "op.jsonl", worker_command=["w"],
+                              limit=lambda key: 2.0, log=lambda _: None)
+    (_, _, killed_at), = workers.killed
+    assert killed_at - 1000.0 <= 2.0 + 3 * 0.2 + 1e-9  # start and ready lines, then the limit
 
 
 def test_a_worker_that_fails_again_while_serial_cannot_loop_for_ever(tmp_path, monkeypatch):
@@ -397,7 +474,7 @@ def test_an_ahead_failure_without_a_reason_says_so(tmp_path):
 
 
 def test_the_worker_command_carries_the_journal_the_keys_left_and_the_flags(tmp_path, monkeypatch):
-    journal = tmp_path / "deep" / "op.jsonl"
+    journal = tmp_path / "deep" / "er" / "op.jsonl"
     workers = Workers(monkeypatch, faulty)
     measuring.ensure_measured(_keys("a"), journal, worker_command=["py", "w.py"], dashboard=True,
                               limit=lambda key: 5.0, poll_s=0.5, log=lambda _: None,
@@ -546,6 +623,7 @@ def _counting_take():
 
     def take(n):
         asked.append(n)
+        assert 0 < n and sum(asked) <= 10_000, f"asked for {asked[-5:]}: no end"
         return [1.0] * n
     return take, asked
 
@@ -735,6 +813,22 @@ def test_the_worker_measures_each_key_once_making_each_cases_inputs_once(tmp_pat
     assert world.collected == 2 + 3  # before each case and after each result
 
 
+def test_every_line_the_worker_writes_but_a_skip_carries_its_wall_clock_time(tmp_path,
+                                                                             monkeypatch):
+    FakeWorld(monkeypatch)
+    journal = tmp_path / "j.jsonl"
+    keys = [("op", "xla", "c1", "fwd"), ("op", "pallas", "c1", "fwd"),
+            ("op", "raise", "c1", "fwd")]
+    measuring.worker(journal, keys, dashboard=False)
+    measuring.worker(journal, [("op", "ahead-raise", "c2", "fwd"), ("op", "xla", "c2", "fwd")],
+                     dashboard=False)
+    entries = measuring.read_journal(journal)
+    assert [e["event"] for e in entries] == [
+        "worker", "ahead", "ahead-done", "start", "done", "start", "done", "start", "failed",
+        "worker", "ahead", "ahead-failed"]
+    assert all(1.7e9 < e["t"] < 1.7e9 + 2000 for e in entries)
+
+
 def test_the_worker_without_a_spawn_time_counts_its_process_time_from_now(tmp_path, monkeypatch):
     FakeWorld(monkeypatch)
     monkeypatch.delenv("KERNELPERF_SPAWNED_AT")
@@ -873,7 +967,9 @@ def test_the_worker_script_reads_its_keys_and_flags(tmp_path, monkeypatch):
     keys = [("a", "b", "c", "fwd"), ("a", "b", "d", "bwd")]
     assert measuring._main(["worker", "j.jsonl", str(keys_file)]) == 7
     assert measuring._main(["worker", "j.jsonl", str(keys_file), "--dashboard", "--serial"]) == 7
-    assert calls == [(Path("j.jsonl"), keys, False, True), (Path("j.jsonl"), keys, True, False)]
+    assert measuring._main(["worker", "j.jsonl", str(keys_file), "--serial"]) == 7
+    assert calls == [(Path("j.jsonl"), keys, False, True), (Path("j.jsonl"), keys, True, False),
+                     (Path("j.jsonl"), keys, False, False)]
 
 
 @pytest.mark.parametrize("argv", [[], ["worker", "j.jsonl"], ["other", "j.jsonl", "k.json"]])
@@ -964,9 +1060,10 @@ class MeasureWorld:
         self.sampler = Sampler(values or [9.0] * 3 + [1.0] * 200)
         self.prepared, self.samplers, self.launched, self.roofs = [], [], [], []
         self.jitted = FakeTimeable(fn=Jittable())
-        monkeypatch.setattr(registry, "implementation", lambda op, name: self.impl)
+        monkeypatch.setattr(registry, "implementation",
+                            lambda op, name: self.impl if op == "op" and name == "xla" else None)
         monkeypatch.setattr(registry, "operation", lambda op: types.SimpleNamespace(
-            case=lambda case_id: self.case, work=lambda case, direction: ("work", direction)))
+            case=lambda case_id: self.case if case_id == "c1" else None) if op == "op" else None)
         monkeypatch.setattr(timing, "prepare", self.prepare)
         monkeypatch.setattr(timing, "make_sampler", self.make_sampler)
         monkeypatch.setattr(timing, "median_halfwidth", lambda samples: 0.0)
@@ -1019,7 +1116,7 @@ def test_each_phase_is_timed_from_where_the_last_one_ended(monkeypatch):
         now[0] += 1.0
         return now[0] ** 2
     monkeypatch.setattr(measuring, "time", types.SimpleNamespace(perf_counter=clock))
-    monkeypatch.setattr(timing, "median_halfwidth", None)  # one take: the clock read once
+    monkeypatch.delattr(timing, "median_halfwidth")  # an older kernels: one take
     record = measuring._measure(("op", "xla", "c1", "fwd"), ("in",), GPU, dashboard=False)
     # reads 1, 4, 9, 16, 25, 36 (the start, then one per phase)
     assert record["phases"] == {"compile": 3.0, "warmup": 5.0, "sampling": 7.0, "memory": 9.0,
@@ -1036,7 +1133,7 @@ def test_a_cpu_parameter_set_is_sampled_by_the_cpu_rule(monkeypatch):
 
 def test_a_torch_parameter_set_has_no_compiled_peak(monkeypatch):
     world = MeasureWorld(monkeypatch, framework="torch")
-    record = measuring._measure(("op", "torch", "c1", "fwd"), ("in",), GPU, dashboard=False)
+    record = measuring._measure(("op", "xla", "c1", "fwd"), ("in",), GPU, dashboard=False)
     assert record["peak_bytes"] is None and world.jitted.fn.lowered == []
 
 
@@ -1058,8 +1155,8 @@ def test_the_launch_cost_is_a_few_short_samples_in_microseconds():
     fake = types.SimpleNamespace(
         StoppingRule=lambda **kwargs: ("rule", kwargs),
         launch_overhead=lambda timeable, *, rule, calls: asked.append((timeable, rule, calls))
-        or types.SimpleNamespace(median_s=2e-6))
-    assert measuring._launch_us(fake, "jitted") == pytest.approx(2.0)
+        or types.SimpleNamespace(median_s=1.0))
+    assert measuring._launch_us(fake, "jitted") == 1e6
     assert asked == [("jitted", ("rule", {"min_samples": measuring.LAUNCH_SAMPLES,
                                           "time_budget_s": measuring.LAUNCH_BUDGET_S}),
                       measuring.LAUNCH_CALLS)]
@@ -1069,19 +1166,20 @@ def test_the_roofline_uses_the_measured_ceilings_else_the_datasheets(monkeypatch
     from kernels.roofline import ceilings, model
 
     placed = []
-    impl = types.SimpleNamespace(op="op", devices_for=lambda case: 4)
     case = types.SimpleNamespace(dtype="bfloat16")
+    impl = types.SimpleNamespace(op="op", devices_for=lambda of: 4 if of is case else None)
     monkeypatch.setattr(registry, "operation", lambda op: types.SimpleNamespace(
-        work=lambda case, direction: (op, direction)))
+        work=lambda of, direction: (op, direction, of is case)))
 
     def place(work, seconds, ceiling, dtype, *, devices):
         placed.append((work, seconds, ceiling, dtype, devices))
         return types.SimpleNamespace(fraction=0.5)
     monkeypatch.setattr(model, "place", place)
     for sheet, measured, chosen in [("sheet", "measured", "measured"), ("sheet", None, "sheet")]:
-        monkeypatch.setattr(ceilings, "for_device", lambda device, s=sheet, m=measured: (s, m))
+        monkeypatch.setattr(ceilings, "for_device",
+                            lambda device, s=sheet, m=measured: (s, m) if device is GPU else None)
         assert measuring._roofline(impl, case, "bwd", 1e-3, GPU) == 0.5
-        assert placed.pop() == (("op", "bwd"), 1e-3, chosen, "bfloat16", 4)
+        assert placed.pop() == (("op", "bwd", True), 1e-3, chosen, "bfloat16", 4)
     monkeypatch.setattr(ceilings, "for_device", lambda device: (None, None))
     assert measuring._roofline(impl, case, "bwd", 1e-3, GPU) is None and not placed
 
@@ -1094,9 +1192,10 @@ def test_the_peak_is_read_from_the_executable_or_its_one_compilation():
 
 
 def test_only_two_or_more_jax_sets_of_a_case_compile_ahead(monkeypatch):
-    frameworks = {"xla": "jax", "pallas": "jax", "torch": "torch", "triton": "triton"}
+    frameworks = {("op", "xla"): "jax", ("op", "pallas"): "jax", ("op", "torch"): "torch",
+                  ("op", "triton"): "triton"}
     monkeypatch.setattr(registry, "implementation",
-                        lambda op, name: types.SimpleNamespace(framework=frameworks[name]))
+                        lambda op, name: types.SimpleNamespace(framework=frameworks[op, name]))
     keys = _keys("xla", "torch", "pallas", "triton")
     assert measuring._ahead_keys(keys) == _keys("xla", "pallas")
     assert measuring._ahead_keys(_keys("xla", "torch")) == []
@@ -1107,7 +1206,13 @@ def test_compiling_ahead_gives_each_key_its_executable_and_its_jitted_call(monke
     prepared = []
     monkeypatch.setattr(registry, "implementation", lambda op, name: f"impl {op}/{name}")
     monkeypatch.setattr(registry, "operation", lambda op: types.SimpleNamespace(
-        case=lambda case_id: f"case {case_id}"))
+        case=lambda case_id: f"case {case_id} of {op}"))
+    import concurrent.futures
+
+    pools = []
+    real_pool = concurrent.futures.ThreadPoolExecutor
+    monkeypatch.setattr(concurrent.futures, "ThreadPoolExecutor",
+                        lambda workers: pools.append(workers) or real_pool(workers))
 
     def prepare(impl, case, *, direction, inputs):
         prepared.append((impl, case, direction, inputs))
@@ -1121,8 +1226,9 @@ def test_compiling_ahead_gives_each_key_its_executable_and_its_jitted_call(monke
     for key, (compiled, jitted) in ready.items():
         assert isinstance(compiled.fn, Compiled) and compiled.args == jitted.args
         assert jitted.fn.lowered == [(f"impl op/{key[1]}",)]
-    assert sorted(prepared) == [("impl op/a", "case c1", "fwd", ("in",)),
-                                ("impl op/b", "case c1", "bwd", ("in",))]
+    assert sorted(prepared) == [("impl op/a", "case c1 of op", "fwd", ("in",)),
+                                ("impl op/b", "case c1 of op", "bwd", ("in",))]
+    assert pools == [2]
     prepared.clear()
     with pytest.raises(RuntimeError, match="impl op/bad failed"):
         measuring._compile_ahead([("op", "bad", "c1", "fwd"), ("op", "b", "c1", "fwd")],
@@ -1134,9 +1240,10 @@ def test_what_cannot_run_here_says_why(monkeypatch):
     from kernels import devices
 
     impls = {"gpu-only": "impl g", "no-bwd": "impl n", "fine": "impl f"}
-    monkeypatch.setattr(registry, "implementation", lambda op, name: impls[name])
+    monkeypatch.setattr(registry, "implementation",
+                        lambda op, name: impls[name] if op == "op" else None)
     monkeypatch.setattr(registry, "operation", lambda op: types.SimpleNamespace(
-        case=lambda case_id: f"case {case_id}"))
+        case=lambda case_id: f"case {case_id}" if op == "op" else None))
     asked = []
 
     def unavailable(impl, case):
@@ -1158,9 +1265,16 @@ def test_a_cases_inputs_are_made_once_from_seed_0(monkeypatch):
     made = []
     operation = types.SimpleNamespace(case=lambda case_id: f"case {case_id}")
     monkeypatch.setattr(registry, "operation", lambda op: operation if op == "op" else None)
-    monkeypatch.setattr(checking, "make_inputs", lambda *args: made.append(args) or ("x",))
+    clock = Clock()
+    monkeypatch.setattr(measuring, "time", clock)
+
+    def make_inputs(*args):
+        made.append(args)
+        clock.now += 0.75
+        return ("x",)
+    monkeypatch.setattr(checking, "make_inputs", make_inputs)
     inputs, seconds = measuring._make_inputs("op", "c1")
-    assert inputs == ("x",) and seconds >= 0
+    assert inputs == ("x",) and seconds == 0.75
     assert made == [(operation, "case c1", 0, "normal")]
 
 
@@ -1172,13 +1286,20 @@ def test_the_backends_started_are_jax_and_torch_only_for_torch_keys(monkeypatch,
     import torch
 
     calls = []
-    monkeypatch.setattr(jax, "devices", lambda: calls.append("jax.devices"))
+    clock = Clock()
+    monkeypatch.setattr(measuring, "time", clock)
+
+    def devices():
+        calls.append("jax.devices")
+        clock.now += 1.5
+    monkeypatch.setattr(jax, "devices", devices)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "init", lambda: calls.append("torch.cuda.init"))
     monkeypatch.setattr(torch, "empty", lambda n, device: calls.append(("torch.empty", n, device)))
     monkeypatch.setattr(registry, "implementation",
-                        lambda op, name: types.SimpleNamespace(framework=name))
+                        lambda op, name: types.SimpleNamespace(framework=name if op == "op"
+                                                               else "jax"))
     seconds = measuring._backend_start([("op", name, "c", "fwd") for name in frameworks])
-    assert seconds >= 0
+    assert seconds == 1.5
     assert calls == ["jax.devices"] + (["torch.cuda.init", ("torch.empty", 1, "cuda")]
                                        if started else [])
