@@ -143,8 +143,13 @@ TARGETS = (
     # benchmarks' sampling rule and fault-containing supervisor, and the time breakdown.
     Target(name="gate-confirm", modules=("kernels/bench/confirm.py",),
            tests=("correctness_tests/test_confirm.py",), isolation="fork"),
+    # The supervisor's, the worker's and one parameter set's logic, driven in-process through
+    # fakes (test_measuring_fakes.py): the slow tests run real worker processes, seconds a
+    # mutant each, whose code mutmut never sees. None starts a JAX backend: fork is safe.
     Target(name="gate-measuring", modules=("perf_tests/measuring.py",),
-           tests=("correctness_tests/test_measuring.py", "-k", "not real_worker")),
+           tests=("correctness_tests/test_measuring.py",
+                  "correctness_tests/test_measuring_fakes.py", "-m", "not slow"),
+           isolation="fork"),
     # gate-power (2026-11-27): the planted slowdowns' text, the settings, the trial verdicts
     # and the report that fails a run; its clone-and-run flow drives asv on a GPU.
     Target(name="gate-power", modules=("kernels/bench/gate.py",),
@@ -479,6 +484,31 @@ EQUIVALENT: dict[str, str] = {
     **{f"kernels.bench.breakdown.xǁBreakdownǁrender__mutmut_{n}":
        "seconds.get's default: only phases in seconds are rendered, so it is never read"
        for n in (33, 35, 36, 41, 43, 44)},
+    # gate-measuring, reviewed 2026-11-27 (fourth session)
+    **{f"perf_tests.measuring.x_ensure_measured__mutmut_{n}":
+       "print's flush=True dropped: sys.stderr is line-buffered (always, since Python 3.9) "
+       "and the line ends in a newline" for n in (14, 17, 18)},
+    "perf_tests.measuring.x_ensure_measured__mutmut_19":
+        "serial = None for False: falsy, as False is, wherever it is read",
+    **{f"perf_tests.measuring.x_ensure_measured__mutmut_{n}":
+       "unlink's missing_ok off: the loop wrote the keys file just before, and only it removes "
+       "it" for n in (89, 90)},
+    "perf_tests.measuring.x__watch__mutmut_7":
+        "ready = progressed = None for False: falsy, as False is, wherever they are read",
+    "perf_tests.measuring.x__watch__mutmut_9":
+        "allowed_now's first value is never read: it is read only with a key in flight, and "
+        "every event that puts one in flight sets it",
+    **{f"perf_tests.measuring.x__compile_ahead__mutmut_{n}":
+       "zip's strict dropped: futures is made from keys, one per key" for n in (31, 34, 35)},
+    **{f"perf_tests.measuring.x__one_line__mutmut_{n}":
+       "next's default is never reached: the text starts with the exception's type name, so "
+       "its first line is never blank" for n in (5, 7)},
+    **{f"perf_tests.measuring.x_worker__mutmut_{n}":
+       "environ.get's default None or 'XXXX' for '': neither is '0', so unset still compiles "
+       "ahead" for n in (34, 36, 37)},
+    "perf_tests.measuring.x_worker__mutmut_67":
+        "inputs_s's first value per case is never read: the case's inputs are made (and "
+        "inputs_s set) before any record takes it",
 }
 
 
