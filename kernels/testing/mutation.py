@@ -110,14 +110,16 @@ TARGETS = (
            preload_package=False),  # the datasheet and the floor tables are built at import
     Target(name="perfcheck", modules=("kernels/bench/perfcheck.py",),
            tests=("perf_tests/tests/test_perfcheck.py",)),
+    # Forked from mutmut's own process (a tenth of a second a mutant, against the fork
+    # server's half): none of its tests compiles a JAX program.
     Target(name="asv-verdicts", modules=("kernels/bench/asv_tools.py",),
            tests=("correctness_tests/test_asv_tools.py", "correctness_tests/test_asv_verdicts.py",
                   "correctness_tests/test_asv_results.py", "correctness_tests/test_job_summary.py",
-                  "-k", "not machine")),
+                  "-k", "not machine"), isolation="fork"),
     # test_cli_errors.py builds every parser in most of its 73 tests (7 s a mutant here): the
     # defaults' own tests alone keep this target to minutes.
     Target(name="cli-defaults", modules=("kernels/cli/*.py",),
-           tests=("correctness_tests/test_cli_defaults.py",),
+           tests=("correctness_tests/test_cli_defaults.py",), isolation="fork",  # no JAX program
            functions=("kernels.cli.*.x_add_commands__*", "kernels.cli.*.x__add_gate_power__*",
                       "kernels.cli.*.x__selection_arguments__*"),
            text_keywords=("help", "metavar", "description"),
@@ -472,6 +474,9 @@ EQUIVALENT: dict[str, str] = {
     "kernels.bench.asv_tools.x_verdict__mutmut_54":
         "'' or 'XXXX' for a missing reason: neither holds 'learned' nor starts with 'host', "
         "so the verdict is the same",
+    "kernels.bench.asv_tools.x_register_machine__mutmut_4":
+        "machine_name(None) reads fingerprint.identity() itself: the cached identity "
+        "register_machine has just read",
     "kernels.bench.asv_tools.x_floor_key__mutmut_3":
         "the separator inside a floor's key: floor_key writes and reads it alike",
     **{f"kernels.bench.confirm.x_source_tree__mutmut_{n}":
