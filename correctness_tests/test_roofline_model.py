@@ -502,7 +502,7 @@ def test_the_ceilings_child_is_this_python_running_measured_with_its_output_on_s
         with monkeypatch.context() as fresh:  # a fresh process on the same device
             fresh.setattr(timing, "_TRACED", False)
             fresh.setattr(ceilings.fingerprint_module, "fingerprint", lambda: device)
-            exec(command[2], {})  # noqa: S102: the child's own program, as `python -c` runs it
+            exec(command[2], {})  # the child's own program, as `python -c` runs it
         return subprocess.CompletedProcess(command, 0)
 
     monkeypatch.setattr(subprocess, "run", child)
