@@ -583,3 +583,29 @@ def test_measuring_ceilings_says_which_and_where_they_will_be_cached(tmp_path, m
     assert capsys.readouterr().err == (
         f"no measured ceilings of {device.model} cached ({path}): measuring them once in a "
         f"fresh process (this one recorded a device trace)\n")
+
+
+def test_measuring_ceilings_prints_a_numbered_line_per_step_on_stderr(monkeypatch, capsys):
+    """measure() says each step before it starts (minutes on a GPU's first run): step k of
+    1 + one per product, the copy's size in MiB, each product's dtype and size."""
+    pytest.importorskip("torch")
+    from kernels.core import timing
+
+    def fake_time(timeable, *, regime, rule, device):
+        return timing.Measurement.from_samples(
+            [1e-3], label=timeable.label, method="host-clock", regime=regime,
+            stop_reason="converged", fingerprint={})
+
+    monkeypatch.setattr(timing, "time_timeable", fake_time)
+    monkeypatch.setattr(ceilings, "_copy_kernels",
+                        lambda nbytes, where: [("torch neg", lambda: None, "torch", ())])
+    monkeypatch.setattr(ceilings, "_products", lambda dtype, size, where: [
+        (f"torch matmul {dtype}", lambda: None, "torch", ())])
+    monkeypatch.setattr(ceilings, "CPU_COPY_BYTES", 3 << 20)
+    monkeypatch.setattr(ceilings, "CPU_MATMUL", {"f32": 16, "bf16": 8})
+    ceilings.measure(_cpu())
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == ["ceilings of Test CPU: 1/3 copy 3 MiB",
+                                         "ceilings of Test CPU: 2/3 matmul f32 16^3",
+                                         "ceilings of Test CPU: 3/3 matmul bf16 8^3"]
