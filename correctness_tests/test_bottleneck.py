@@ -329,3 +329,16 @@ def test_shares_and_sizes_round_from_the_exact_numbers():
     rows = bottleneck.rows("x", [bottleneck.Kernel("b", {}, {}), timed])
     assert [(r[1], r[3]) for r in rows] == [("a", "100"), ("b", "0")]
     assert rows[0][bottleneck.HEADER.index("smem KiB")] == "11"  # 10.508 KiB
+
+
+def test_a_kernel_name_is_shown_without_parameters_and_cut_to_48_characters():
+    """The table's kernel column: the C++ parameter list dropped, a name of up to 48 characters
+    whole, a longer one cut to 45 and "..." (48 in all)."""
+    def shown(name):
+        (row,) = bottleneck.rows("impl", [bottleneck.Kernel(name, {}, {})])
+        return row[1]
+
+    assert shown("gemm_wgmma<128, 256>(float const*, float*, int)") == "gemm_wgmma<128, 256>"
+    whole = "k" * 48
+    assert shown(whole) == whole and shown(whole + "(int)") == whole
+    assert shown("k" * 45 + "abcd") == "k" * 45 + "..."
