@@ -244,13 +244,25 @@ def test_the_report_lists_every_verdict_a_reader_acts_on_and_names_each_failure(
     assert "A/A and unplanted controls: 0 false positive(s) in 2 benchmark rows" in lines
 
 
+def test_a_sharded_plant_rings_over_every_gpu_of_the_machine():
+    sharded = next(plant for plant in gate.PLANTS if plant.family == "sharded")
+    for count in (2, 3, 4, 5, 8, 16):
+        case = registry.operation(sharded.op).case(sharded.case_for("gpu", count))
+        widest = max(n for n in (2, 4, 8) if n <= count)
+        assert case.kwargs["mesh"] == f"1x{widest}", (count, case.id)
+    # A CPU's forced host devices keep its one case whatever their number.
+    assert sharded.case_for("cpu", 8) == sharded.case["cpu"]
+    softmax = next(plant for plant in gate.PLANTS if plant.op == "softmax")
+    assert softmax.case_for("gpu", 8) == softmax.case["gpu"]
+
+
 def test_plants_cover_every_family_in_two_operations_or_more():
     by_family = {}
     for plant in gate.PLANTS:
         by_family.setdefault(plant.family, set()).add(plant.op)
         registry.implementation(plant.op, plant.impl)  # each names a real implementation
-        for platform in ("gpu", "cpu"):
-            assert "bench" in registry.operation(plant.op).case(plant.case[platform]).tags
+        for key in plant.case:  # every platform's case, and the wider machines' ones
+            assert "bench" in registry.operation(plant.op).case(plant.case[key]).tags
     assert set(by_family) == set(gate.FAMILIES)
     # The sharded family plants in one operation: the others' leading rows are a batch of 8
     # or 16, where one row per device of the mesh is far more than a few percent.
@@ -381,7 +393,10 @@ def flow(monkeypatch, tmp_path):
         assert repo == scratch and machine == "fake-machine"
         assert platform == expect.get("platform", "cpu")
         assert settings is expect["settings"] and log == expect["log"]
-        assert plants == expect["plants"]
+        # The settings' plants, each narrowed to its one case on this machine.
+        assert [(p.family, p.op, p.impl, p.scale, p.site, p.case) for p in plants] == [
+            (p.family, p.op, p.impl, p.scale, p.site, {platform: p.case[platform]})
+            for p in expect["plants"]]
         calls.append(dict(
             label=label, base=base, head=head, diff=vcs.output(repo, "diff", f"{head}~1", head),
             parent=vcs.output(repo, "rev-parse", f"{head}~1"),

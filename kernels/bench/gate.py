@@ -57,7 +57,9 @@ class Plant:
     family: str
     op: str
     impl: str
-    case: dict[str, str]  # platform ("gpu", "cpu") -> case id
+    # platform ("gpu", "cpu") -> case id; "gpu4" and the like: the case on a machine of at
+    # least that many devices (a sharded plant's ring over every GPU there is)
+    case: dict[str, str]
     scale: float = 1.0
     site: str | None = None
 
@@ -66,13 +68,23 @@ class Plant:
             raise ValueError(f"site: expected a per-device function for a sharded plant and "
                              f"none otherwise, got {self.site!r} for family {self.family!r}")
 
+    def case_for(self, platform: str, device_count: int) -> str:
+        """The planted case on `platform` with `device_count` devices: the one declared for the
+        most devices that fit (key platform + count), else the platform's own."""
+        fitting = [int(key[len(platform):]) for key in self.case
+                   if key.startswith(platform) and key[len(platform):].isdigit()
+                   and int(key[len(platform):]) <= device_count]
+        return self.case[f"{platform}{max(fitting)}"] if fitting else self.case[platform]
+
 
 _SOFTMAX = {"gpu": "f32-32768x4096", "cpu": "f32-64x1000"}
 _MATMUL = {"gpu": "bf16-8192x8192x8192", "cpu": "f32-129x130x257"}
 _ROW_SUM = {"gpu": "f32-32768x4096", "cpu": "f32-64x1000"}
 # The collective matmul over two GPUs (model axis: its all-gather ring overlaps the product);
 # on a CPU the 4x2 mesh of forced host devices.
-_SHARDED_MATMUL = {"gpu": "bf16-8192x8192x4096-mesh1x2", "cpu": "f32-64x32x48-mesh4x2"}
+# On a GPU host the ring spans every GPU: a 2-GPU ring is one hop each way.
+_SHARDED_MATMUL = {"gpu": "bf16-8192x8192x4096-mesh1x2", "gpu4": "bf16-8192x8192x4096-mesh1x4",
+                   "gpu8": "bf16-8192x8192x4096-mesh1x8", "cpu": "f32-64x32x48-mesh4x2"}
 # A plant's scale makes its measured slowdown about its nominal size on the H100 (f32
 # 32768x4096 softmax): the Pallas softmax recomputing 2.5% of the rows cost only 1.0-1.3% more
 # (2026-11-25), the XLA one recomputing 2% of them 0.7-1.0% more (2026-11-26; XLA computes the
@@ -328,9 +340,13 @@ def main_flow(settings: Settings, *, keep: bool = False,
     from kernels.bench import asv_tools
     from kernels.core import devices
 
-    platform = "gpu" if devices.this_machine().has_gpu else "cpu"
+    here = devices.this_machine()
+    platform = "gpu" if here.has_gpu else "cpu"
     plants = []
     for plant in settings.plants:
+        # From here on a plant names its one case on this machine.
+        plant = dataclasses.replace(plant, case={
+            platform: plant.case_for(platform, here.device_count)})
         impl = registry.implementation(plant.op, plant.impl)
         reason = devices.case_unavailable_reason(impl, registry.operation(plant.op).case(
             plant.case[platform]))
