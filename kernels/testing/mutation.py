@@ -106,7 +106,10 @@ TARGETS = (
                                      "kernels/roofline/ceilings.py"),
            tests=("correctness_tests/test_roofline_model.py",
                   "correctness_tests/test_measurement.py", "perf_tests/tests/test_perfcheck.py",
-                  "-k", "place or roof or ceiling or datasheet or floor"),
+                  # Not the roofline chart's test (1.5 s, matplotlib): the other tests alone
+                  # kill all 139 killed mutants of place, the ceilings and the datasheet that it
+                  # reaches (2026-11-27); it checks report.py's drawing, not these numbers.
+                  "-k", "(place or roof or ceiling or datasheet or floor) and not roofline_chart"),
            preload_package=False),  # the datasheet and the floor tables are built at import
     Target(name="perfcheck", modules=("kernels/bench/perfcheck.py",),
            tests=("perf_tests/tests/test_perfcheck.py",)),
@@ -340,11 +343,7 @@ EQUIVALENT: dict[str, str] = {
        for name in ("kernels.roofline.ceilings.x_for_device__mutmut_19",
                     "kernels.roofline.ceilings.x_for_device__mutmut_20",
                     "kernels.roofline.ceilings.x_measured__mutmut_19",
-                    "kernels.roofline.ceilings.x_measured__mutmut_25",
-                    "kernels.roofline.ceilings.x_measured__mutmut_32",
-                    "kernels.roofline.ceilings.x_measured__mutmut_33")},
-    **{f"kernels.roofline.ceilings.x_measured__mutmut_{n}":
-       "indent: the cache file's layout, not what it holds" for n in (44, 46, 51)},
+                    "kernels.roofline.ceilings.x_measured__mutmut_25")},
     **{f"kernels.core.checking.x_check__mutmut_{n}":
        "has_direction(impl, d) for any d but 'fwd' asks for the backward, as 'bwd' does"
        for n in (14, 17, 18)},
@@ -398,15 +397,10 @@ EQUIVALENT: dict[str, str] = {
                     "kernels.bench.perfcheck.x_extra_info__mutmut_28",
                     "kernels.bench.perfcheck.x_judge__mutmut_17",
                     "kernels.bench.perfcheck.x_judge__mutmut_19")},
-    "kernels.bench.perfcheck.x_record__mutmut_15":
-        "getattr's default None: falsy, as False is",
-    "kernels.bench.perfcheck.x_record__mutmut_45": 'float("NAN") is float("nan")',
     **{f"kernels.bench.perfcheck.x_stopping_rule__mutmut_{n}":
        "environ.get's default None: falsy, as '' is" for n in (10, 12)},
     "kernels.bench.perfcheck.xǁPerfSessionǁ_inputs_for__mutmut_6":
         "'' for None while the next case's inputs are made: either frees the previous arrays",
-    "kernels.bench.perfcheck.x_perf_items__mutmut_36":
-        "the joiner of CPU_IMPLEMENTATIONS' names: it has one entry",
     **{f"kernels.bench.confirm.x_confirm__mutmut_{n}":
        "rsplit('.') or rsplit('.', 2) for rsplit('.', 1): the last part is the method either way"
        for n in (8, 11)},
@@ -514,6 +508,26 @@ EQUIVALENT: dict[str, str] = {
     "perf_tests.measuring.x_worker__mutmut_67":
         "inputs_s's first value per case is never read: the case's inputs are made (and "
         "inputs_s set) before any record takes it",
+    # perfcheck, roofline, bottleneck, reviewed 2026-11-27 (fourth session). mutmut renumbered
+    # perfcheck's record (its getattr and NAN mutants were 15 and 45) and ceilings' measured.
+    "kernels.bench.perfcheck.x_record__mutmut_16": "getattr's default None: falsy, as False is",
+    "kernels.bench.perfcheck.x_record__mutmut_46": 'float("NAN") is float("nan")',
+    **{f"kernels.roofline.ceilings.x_measured__mutmut_{n}":
+       "stacklevel: which caller's line the warning names, not whether or what it says"
+       for n in (41, 42)},
+    **{f"kernels.roofline.ceilings.x__measured_elsewhere__mutmut_{n}":
+       "stacklevel: which caller's line the warning names, not whether or what it says"
+       for n in (23, 24)},
+    **{f"kernels.roofline.ceilings.x_measured__mutmut_{n}":
+       "indent: the cache file's layout, not what it holds" for n in (53, 55, 60)},
+    **{f"kernels.roofline.ceilings.x__measured_elsewhere__mutmut_{n}":
+       "the child's stderr inherited, not joined to its stdout: both reach our stderr, since "
+       "its stdout is sys.stderr (fd 2 unless a caller swaps sys.stderr in Python)"
+       for n in (5, 9)},
+    **{f"kernels.roofline.ceilings.x__measured_elsewhere__mutmut_{n}":
+       "subprocess.run's check None or left out: falsy, as False is" for n in (6, 10)},
+    **{f"kernels.roofline.ceilings.x__progress__mutmut_{n}":
+       "print's flush: when a line reaches a pipe, not what it says" for n in (3, 6, 7)},
 }
 
 
