@@ -144,3 +144,13 @@ def test_the_default_gap_calls_the_target_change_where_samples_are_tight(change,
 
     assert asv_tools.verdict(TIME, result(1e-3), result(1e-3 * change)) == \
         (pytest.approx(change), word)
+
+
+def test_a_row_with_no_result_on_either_side_hides_no_other_row():
+    """A benchmark neither commit measured ("n/a") is left out of the table, and only it: the
+    rows compared after it (track_ rows follow every time_ row) are still reported."""
+    base = {(TIME, ("xla",)): _r(None), (TRACK, ("xla",)): _r(1.0)}
+    head = {(TIME, ("xla",)): None, (TRACK, ("xla",)): _r(2.0)}
+    rows = asv_tools.compare(base, head)
+    assert [(row.benchmark, row.params) for row in rows] == [(TRACK, ("xla",))]
+    assert rows[0].verdict.startswith("better")

@@ -329,3 +329,35 @@ def test_shares_and_sizes_round_from_the_exact_numbers():
     rows = bottleneck.rows("x", [bottleneck.Kernel("b", {}, {}), timed])
     assert [(r[1], r[3]) for r in rows] == [("a", "100"), ("b", "0")]
     assert rows[0][bottleneck.HEADER.index("smem KiB")] == "11"  # 10.508 KiB
+
+
+def test_a_kernel_name_is_shown_without_parameters_and_cut_to_48_characters():
+    """The table's kernel column: the C++ parameter list dropped, a name of up to 48 characters
+    whole, a longer one cut to 45 and "..." (48 in all)."""
+    def shown(name):
+        (row,) = bottleneck.rows("impl", [bottleneck.Kernel(name, {}, {})])
+        return row[1]
+
+    assert shown("gemm_wgmma<128, 256>(float const*, float*, int)") == "gemm_wgmma<128, 256>"
+    whole = "k" * 48
+    assert shown(whole) == whole and shown(whole + "(int)") == whole
+    assert shown("k" * 45 + "abcd") == "k" * 45 + "..."
+
+
+def test_a_failed_ncu_is_refused_even_with_a_report_and_quoted_by_its_last_400_characters(
+        tmp_path):
+    """ncu exiting non-zero fails the profile although it wrote a report (a child that died
+    mid-call leaves a partial one); the error quotes the end of its output, 400 characters."""
+    fake = tmp_path / "ncu"
+    fake.write_text(f"""#!{sys.executable}
+import pathlib, sys
+args = sys.argv[1:]
+pathlib.Path(args[args.index("--export") + 1]).write_text("partial report")
+sys.stdout.write("a" * 600 + "b" * 400)
+sys.exit(3)
+""")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    with pytest.raises(RuntimeError, match="exited 3; its output is in ") as raised:
+        bottleneck.profile("attention", "triton", "bf16-4x4096x16x128", "fwd", tmp_path,
+                           str(fake))
+    assert str(raised.value).endswith(".log: " + "b" * 400)

@@ -205,26 +205,39 @@ def test_correct_kernel_passes_on_the_device_path(planted, device_path):
     assert device_path == [False, True]  # output, then dx with its magnitude
 
 
-@pytest.mark.skipif(jax.device_count() < 2, reason="needs 2 devices (forced host devices)")
-def test_a_result_spread_over_devices_is_compared_where_it_is(device_path):
-    """A sharded result is reduced on its devices, the reference laid out beside it (on the
-    4-GPU host, 58% of `pytest -m multi_gpu` went to copying sharded results to the host),
-    and a wrong element is still found at its place."""
+@pytest.mark.skipif(jax.device_count() < 3, reason="needs 3 devices (forced host devices)")
+def test_a_result_spread_over_devices_is_compared_on_a_device(device_path, monkeypatch):
+    """A sharded result is gathered onto the reference's device (device to device: on the
+    4-GPU host, 58% of `pytest -m multi_gpu` once went to copying sharded results to the
+    host), so one program per shape serves every mesh; one over GATHER_MAX_BYTES is reduced
+    where it is, the reference laid out beside it; a wrong element is found at its place."""
     from jax.sharding import NamedSharding, PartitionSpec
 
     from kernels.core import compat
 
-    mesh = compat.make_mesh((2,), ("x",), devices=jax.devices()[:2])
+    mesh = compat.make_mesh((2,), ("x",), devices=jax.devices()[1:3])
     expected = np.linspace(1.0, 2.0, 64 * 32, dtype=np.float32).reshape(64, 32)
     actual = jax.device_put(expected, NamedSharding(mesh, PartitionSpec("x")))
     result = checking.compare(actual, expected, tolerance=1e-6, name="sharded")
     assert result.relative_error == 0.0 and device_path == [False]
+    # The reference's device, wherever it is; with a NumPy reference, the lowest of the
+    # result's devices.
+    for reference, home in ((jax.device_put(expected, jax.devices()[0]), 0),
+                            (jax.device_put(expected, jax.devices()[2]), 2), (expected, 1)):
+        gathered = checking._device_arrays(actual, reference, None)
+        assert [a.devices() for a in gathered[:2]] == [{jax.devices()[home]}] * 2, home
+        assert gathered[2] is None
+    monkeypatch.setattr(checking, "GATHER_MAX_BYTES", actual.nbytes - 1)
     arranged = checking._device_arrays(actual, expected, None)
     assert arranged[1].sharding == actual.sharding and arranged[2] is None
+    assert checking.compare(actual, expected, tolerance=1e-6, name="sharded").relative_error == 0
+    monkeypatch.setattr(checking, "GATHER_MAX_BYTES", actual.nbytes)
+    assert len(checking._device_arrays(actual, expected, None)[0].devices()) == 1
+    device_path.clear()
     wrong = actual.at[40, 7].set(5.0)
     with pytest.raises(checking.CheckFailure, match=r"sharded: .*\(40, 7\)"):
         checking.compare(wrong, expected, tolerance=1e-3, name="sharded")
-    assert device_path == [False, False]
+    assert device_path == [False]
     with pytest.raises(checking.CheckFailure, match=r"shape \(64, 32\), expected \(32, 64\)"):
         checking.compare(actual, expected.T, tolerance=1e-3, name="sharded")
 

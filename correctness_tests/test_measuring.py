@@ -143,6 +143,7 @@ def _keys(*impls):
     return [("op", impl, "case", "fwd") for impl in impls]
 
 
+@pytest.mark.slow
 def test_each_fault_costs_only_its_own_parameter_set(tmp_path: Path, fake_worker):
     keys = _keys("a", "hang", "b", "abort", "c", "raise", "d")
     journal = tmp_path / "op.jsonl"
@@ -163,6 +164,7 @@ def test_each_fault_costs_only_its_own_parameter_set(tmp_path: Path, fake_worker
     assert took < 15, f"the run took {took:.0f} s: the hang's limit was 2 s"
 
 
+@pytest.mark.slow
 @pytest.mark.item_limit(60)  # a supervisor that never goes serial restarts workers forever
 @pytest.mark.parametrize("fault", ["ahead-raise", "ahead-hang"])
 def test_a_fault_while_compiling_ahead_is_found_by_a_serial_worker(tmp_path: Path, fake_worker,
@@ -184,6 +186,7 @@ def test_a_fault_while_compiling_ahead_is_found_by_a_serial_worker(tmp_path: Pat
     assert ("CUDA_ERROR_X" if fault == "ahead-raise" else "still compiling ahead") in said
 
 
+@pytest.mark.slow
 def test_a_worker_compiles_ahead_unless_told_serial(tmp_path: Path, fake_worker):
     records = measuring.ensure_measured(_keys("ahead-a", "ahead-b"), tmp_path / "op.jsonl",
                                         worker_command=fake_worker, limit=lambda key: 30.0,
@@ -191,6 +194,7 @@ def test_a_worker_compiles_ahead_unless_told_serial(tmp_path: Path, fake_worker)
     assert not any(record["serial"] for record in records.values())
 
 
+@pytest.mark.slow
 def test_what_the_journal_holds_is_not_measured_again(tmp_path: Path, fake_worker):
     journal = tmp_path / "op.jsonl"
     measuring.append(journal, {"event": "done", "key": "op/a/case/fwd", "samples": [5.0],
@@ -201,6 +205,7 @@ def test_what_the_journal_holds_is_not_measured_again(tmp_path: Path, fake_worke
     assert records[_keys("b")[0]]["event"] == "done"
 
 
+@pytest.mark.slow
 def test_a_worker_that_cannot_start_fails_every_key_once(tmp_path: Path):
     records = measuring.ensure_measured(
         _keys("a", "b"), tmp_path / "op.jsonl",
@@ -210,6 +215,7 @@ def test_a_worker_that_cannot_start_fails_every_key_once(tmp_path: Path):
                and "no kernels here" in r["reason"] for r in records.values())
 
 
+@pytest.mark.slow
 def test_the_real_worker_measures_a_cpu_case(tmp_path: Path):
     """The worker this file runs, on the `kernels` of this checkout: samples, phases, peak;
     what cannot run here is skipped with the reason (the benchmark processes start no
@@ -230,6 +236,7 @@ def test_the_real_worker_measures_a_cpu_case(tmp_path: Path):
     assert json.loads(journal.read_text().splitlines()[-1])["key"] == measuring.key_id(key)
 
 
+@pytest.mark.slow
 def test_the_real_worker_compiles_a_cases_jax_sets_ahead(tmp_path: Path):
     journal = tmp_path / "softmax.jsonl"
     keys = [("softmax", impl, "f32-64x1000", direction) for impl in ("xla", "pallas", "torch")
@@ -250,6 +257,7 @@ def _fake_measure(key, inputs, device, dashboard, ready=None):
     return {"samples": [1e-3] * 10, "phases": {}, "ready": ready is not None}
 
 
+@pytest.mark.slow
 def test_a_call_that_launches_no_kernel_is_skipped_and_the_worker_goes_on(tmp_path: Path,
                                                                           monkeypatch):
     monkeypatch.setattr(measuring, "_die_with_parent", lambda: None)

@@ -465,3 +465,147 @@ def test_the_candidates_are_made_on_the_device_asked_for(monkeypatch):
     monkeypatch.setattr(frameworks, "torch_to_numpy", lambda t: np.zeros(t.shape, np.float32))
     a, b = ceilings._products("f16", 8, "meta")[0][3]
     assert a.device.type == b.device.type == "meta" and a.dtype == torch.float16
+
+
+def _traced_gpu(tmp_path, monkeypatch):
+    """A GPU device in a process that recorded a device trace, its ceilings cached under
+    tmp_path, and the ceilings it would measure (in-process measuring refused)."""
+    import dataclasses
+
+    from kernels.core import timing
+
+    monkeypatch.setenv("KERNELPERF_CACHE", str(tmp_path))
+    monkeypatch.setattr(timing, "_TRACED", True)
+    device = dataclasses.replace(_cpu("Test GPU"), platform="gpu")
+    made = ceilings.Ceiling(device.name, "measured", 3e12, {"bf16": 9e14},
+                            method=ceilings.default_method(device))
+    return device, made
+
+
+def test_the_ceilings_child_is_this_python_running_measured_with_its_output_on_stderr(
+        tmp_path, monkeypatch):
+    """The fresh process is this interpreter running a `-c` program: run here (untraced, as a
+    fresh process is), that program measures and caches the ceilings the parent then reads.
+    The child's output goes to the parent's stderr, never its stdout (which may carry JSON)."""
+    import subprocess
+    import sys
+
+    from kernels.core import timing
+
+    device, made = _traced_gpu(tmp_path, monkeypatch)
+    monkeypatch.setattr(ceilings, "measure", lambda dev: made)
+    runs = []
+
+    def child(command, **kwargs):
+        runs.append(kwargs)
+        assert command[:2] == [sys.executable, "-c"] and len(command) == 3
+        with monkeypatch.context() as fresh:  # a fresh process on the same device
+            fresh.setattr(timing, "_TRACED", False)
+            fresh.setattr(ceilings.fingerprint_module, "fingerprint", lambda: device)
+            exec(command[2], {})  # the child's own program, as `python -c` runs it
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(subprocess, "run", child)
+    assert ceilings.measured(device) == made
+    assert len(runs) == 1 and runs[0]["stdout"] is sys.stderr
+
+
+def test_a_ceilings_child_that_fails_or_caches_nothing_leaves_no_roofs(tmp_path, monkeypatch):
+    """No roofs (and a warning) when the child exits non-zero, even with a cache of another
+    clock left from before, or exits 0 without caching any; a failing child is a warning,
+    never an exception (subprocess.run's check stays off)."""
+    import json
+    import subprocess
+
+    device, made = _traced_gpu(tmp_path, monkeypatch)
+    monkeypatch.setattr(ceilings, "measure", lambda dev: made)
+
+    def exits(code):
+        def run(command, **kwargs):
+            if kwargs.get("check") and code:
+                raise subprocess.CalledProcessError(code, command)
+            return subprocess.CompletedProcess(command, code)
+        return run
+
+    monkeypatch.setattr(subprocess, "run", exits(0))
+    with pytest.warns(UserWarning, match=r"in a fresh process failed \(exit 0\); none measured"):
+        assert ceilings.measured(device) is None
+    path = ceilings.cache_path(device.model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stale = ceilings.Ceiling(device.name, "measured", 1.0, {"bf16": 1.0}, method="cuda-events")
+    path.write_text(json.dumps({"ceiling": stale.to_dict()}))
+    monkeypatch.setattr(subprocess, "run", exits(3))
+    with pytest.warns(UserWarning) as caught:
+        assert ceilings.measured(device) is None
+    assert any("in a fresh process failed (exit 3); none measured" in str(w.message)
+               for w in caught)
+
+
+def test_a_cpu_measures_its_ceilings_in_process_even_after_a_device_trace(tmp_path,
+                                                                         monkeypatch):
+    """Only a GPU's ceilings move to a fresh process after a trace (Mosaic's CUPTI timer); a
+    CPU measures them here, and says so on stderr first."""
+    import subprocess
+
+    from kernels.core import timing
+
+    monkeypatch.setenv("KERNELPERF_CACHE", str(tmp_path))
+    monkeypatch.setattr(timing, "_TRACED", True)
+    fresh = ceilings.Ceiling("Test CPU", "measured", 2.0, {"f32": 2.0}, method="host-clock")
+    monkeypatch.setattr(ceilings, "measure", lambda dev: fresh)
+
+    def child(command, **kwargs):
+        raise AssertionError("a CPU's ceilings measured by a child")
+
+    monkeypatch.setattr(subprocess, "run", child)
+    assert ceilings.measured(_cpu()) == fresh
+
+
+def test_measuring_ceilings_says_which_and_where_they_will_be_cached(tmp_path, monkeypatch,
+                                                                   capsys):
+    """A line on stderr before the (slow) measuring: the model and the cache path, in this
+    process or in a fresh one after a device trace."""
+    import subprocess
+
+    monkeypatch.setenv("KERNELPERF_CACHE", str(tmp_path))
+    fresh = ceilings.Ceiling("Test CPU", "measured", 2.0, {"f32": 2.0}, method="host-clock")
+    monkeypatch.setattr(ceilings, "measure", lambda dev: fresh)
+    ceilings.measured(_cpu())
+    path = ceilings.cache_path(_cpu().model)
+    assert capsys.readouterr().err == \
+        f"no measured ceilings of {_cpu().model} cached ({path}): measuring them once\n"
+    device, _ = _traced_gpu(tmp_path, monkeypatch)
+    monkeypatch.setattr(subprocess, "run",
+                        lambda command, **kwargs: subprocess.CompletedProcess(command, 1))
+    with pytest.warns(UserWarning):
+        ceilings.measured(device)
+    path = ceilings.cache_path(device.model)
+    assert capsys.readouterr().err == (
+        f"no measured ceilings of {device.model} cached ({path}): measuring them once in a "
+        f"fresh process (this one recorded a device trace)\n")
+
+
+def test_measuring_ceilings_prints_a_numbered_line_per_step_on_stderr(monkeypatch, capsys):
+    """measure() says each step before it starts (minutes on a GPU's first run): step k of
+    1 + one per product, the copy's size in MiB, each product's dtype and size."""
+    pytest.importorskip("torch")
+    from kernels.core import timing
+
+    def fake_time(timeable, *, regime, rule, device):
+        return timing.Measurement.from_samples(
+            [1e-3], label=timeable.label, method="host-clock", regime=regime,
+            stop_reason="converged", fingerprint={})
+
+    monkeypatch.setattr(timing, "time_timeable", fake_time)
+    monkeypatch.setattr(ceilings, "_copy_kernels",
+                        lambda nbytes, where: [("torch neg", lambda: None, "torch", ())])
+    monkeypatch.setattr(ceilings, "_products", lambda dtype, size, where: [
+        (f"torch matmul {dtype}", lambda: None, "torch", ())])
+    monkeypatch.setattr(ceilings, "CPU_COPY_BYTES", 3 << 20)
+    monkeypatch.setattr(ceilings, "CPU_MATMUL", {"f32": 16, "bf16": 8})
+    ceilings.measure(_cpu())
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == ["ceilings of Test CPU: 1/3 copy 3 MiB",
+                                         "ceilings of Test CPU: 2/3 matmul f32 16^3",
+                                         "ceilings of Test CPU: 3/3 matmul bf16 8^3"]

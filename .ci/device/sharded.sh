@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issues 37 and 38 on a machine of N >= 2 GPUs (nvidia-h100-x2, nvidia-h100-x4), from the
 # repository root, in one device call:
-#   pytest       python3 -m pytest -m multi_gpu -q [PYTEST_ARGS] over all N GPUs (wall time; the
+#   pytest       python3 -m pytest -m multi_gpu over all N GPUs, [PYTEST_ARGS] (wall time; the
 #                jax.distributed test's processes included: one per GPU, or per pair on 4+)
 #   clock        the device clock against a profiler trace file (all-gather, 256 MiB per
 #                rank), on 2 GPUs and on N
@@ -63,8 +63,12 @@ COUNTS="2"; (( GPUS > 2 )) && COUNTS="2 $GPUS"
 MESHES="--mesh 1x2 --mesh 2x1"; (( GPUS >= 4 )) && MESHES="$MESHES --mesh 1x4 --mesh 2x2 --mesh 4x1"
 SCALE="1 2"; (( GPUS >= 4 )) && SCALE="1 2 4"
 
+# -rA lists every item's outcome with its worker, and faulthandler_timeout prints the stacks of
+# an item still running after 90 s: since d916c4e one item never ends under xdist (it passes
+# alone), and -q's dots could not say which (2026-11-27, 4 and 2 GPUs).
 # shellcheck disable=SC2086  # PYTEST_ARGS: extra pytest flags, e.g. --durations=20
-step pytest "${PYTEST_LIMIT:-200}" python3 -m pytest -m multi_gpu -q ${PYTEST_ARGS:-}
+step pytest "${PYTEST_LIMIT:-200}" python3 -m pytest -m multi_gpu -q -rA \
+    -o faulthandler_timeout=90 ${PYTEST_ARGS:-}
 for n in $COUNTS; do
     step clock$n 40 python3 -m kernels.sharding.collectives --check-clock --bytes 256M \
         --devices "$n"

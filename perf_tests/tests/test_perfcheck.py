@@ -728,3 +728,43 @@ def test_record_checks_what_was_recorded_to_one_part_in_a_billion():
 
     with pytest.raises(AssertionError, match=r"recorded 1 durations"):
         perfcheck.record(Plain(keep=lambda d: d[:1]), measured, {})
+
+
+def test_every_baseline_of_another_clock_is_listed_comma_separated():
+    """The "not compared" line names each refused baseline with its clock, joined by ", "."""
+    op, _, case = _softmax("f32-256x1024")
+    floor = floors.floor_for(H100, "softmax", "pallas", case.id, "fwd")
+    baselines = {"xla": _measurement(2.6e-6), "torch": _measurement(1.0e-6, "cuda-events"),
+                 "cudnn": _measurement(1.1e-6, "host-clock")}
+    verdict = _judge(_measurement(2.0e-6), baselines, _sheet_placement(op, case, 2.0e-6), floor)
+    assert verdict.refused_baselines == ("torch (cuda-events)", "cudnn (host-clock)")
+    assert "not compared (another clock than cupti): torch (cuda-events), cudnn (host-clock); " \
+        in verdict.message
+
+
+def test_the_cpu_skip_reason_names_every_cpu_implementation(monkeypatch):
+    """On CPU a kernel not timed there says which are, each as op-impl, sorted, ", " between."""
+    monkeypatch.setattr(perfcheck, "CPU_IMPLEMENTATIONS",
+                        frozenset({("softmax", "pallas"), ("matmul", "triton")}))
+    reasons = {item.skip_reason for item in perfcheck.perf_items(_machine("cpu"))
+               if item.skip_reason and item.skip_reason.startswith("on CPU")}
+    assert reasons == {"on CPU the perf tests time only matmul-triton, softmax-pallas "
+                       "(interpreted kernels take up to seconds per call); a GPU times every "
+                       "kernel"}
+
+
+def test_a_wrong_recording_names_the_median_of_what_was_recorded():
+    """The mismatch message gives the recorded durations' own median beside the samples'; an
+    empty recording reads nan, without NumPy's warning about the median of nothing."""
+    import warnings
+
+    measured = timing.Measurement.from_samples([1e-3, 3e-3, 2e-3], label="m", method="cupti",
+                                               regime="cold", stop_reason="converged",
+                                               fingerprint={})
+    with pytest.raises(AssertionError, match=r"^pytest-benchmark recorded 2 durations \(median "
+                                             r"2\.000e-03 s\), not the 3 device samples"):
+        perfcheck.record(_Benchmark(keep=lambda d: d[:2]), measured, {})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(AssertionError, match=r"recorded 0 durations \(median nan s\)"):
+            perfcheck.record(_Benchmark(keep=lambda d: []), measured, {})
