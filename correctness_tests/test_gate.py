@@ -394,9 +394,10 @@ def flow(monkeypatch, tmp_path):
         assert platform == expect.get("platform", "cpu")
         assert settings is expect["settings"] and log == expect["log"]
         # The settings' plants, each narrowed to its one case on this machine.
+        narrowed = expect.get("narrowed", {})
         assert [(p.family, p.op, p.impl, p.scale, p.site, p.case) for p in plants] == [
-            (p.family, p.op, p.impl, p.scale, p.site, {platform: p.case[platform]})
-            for p in expect["plants"]]
+            (p.family, p.op, p.impl, p.scale, p.site,
+             {platform: narrowed.get(p.op, p.case[platform])}) for p in expect["plants"]]
         calls.append(dict(
             label=label, base=base, head=head, diff=vcs.output(repo, "diff", f"{head}~1", head),
             parent=vcs.output(repo, "rev-parse", f"{head}~1"),
@@ -516,6 +517,23 @@ def test_on_a_gpu_the_flow_plants_the_gpu_cases(flow, monkeypatch):
     status, lines = _flow(flow, settings)
     assert status == 0 and len(calls) == 1
     assert lines[0].endswith("1 plants: softmax-xla f32-32768x4096")
+
+
+def test_on_four_gpus_the_flow_rings_the_sharded_plant_over_all_four(flow, monkeypatch):
+    from kernels.core import devices
+
+    calls, _, expect, _ = flow
+    machine = devices.this_machine()
+    monkeypatch.setattr(devices, "this_machine", lambda: gate.dataclasses.replace(
+        machine, platform="gpu", device_count=4))
+    monkeypatch.setattr(devices, "case_unavailable_reason", lambda impl, case: None)
+    expect.update(platform="gpu", narrowed={"sharded_matmul": "bf16-8192x8192x4096-mesh1x4"})
+    settings = gate.Settings(families=("sharded",), ops=("sharded_matmul",), sizes=(0.02,),
+                             trials=1, aa_trials=0, speedup=False)
+    # (The stand-in trial reports softmax rows only, so the run reads the plant as missed.)
+    _, lines = _flow(flow, settings, tuple(p for p in gate.PLANTS if p.family == "sharded"))
+    assert len(calls) == 1  # the stand-in trial checked the plant it was given
+    assert lines[0].endswith("1 plants: sharded_matmul-collective bf16-8192x8192x4096-mesh1x4")
 
 
 def test_the_flow_names_a_plant_that_cannot_run_here_and_plants_the_rest(flow):

@@ -369,7 +369,7 @@ EQUIVALENT: dict[str, str] = {
         "paths then fail alike on the shape",
     "kernels.core.checking.x__sharded_like__mutmut_18":
         "getattr without its default: NumPy, JAX and torch arrays all have a shape",
-    "kernels.core.checking.x__sharded_like__mutmut_27":
+    "kernels.core.checking.x__sharded_like__mutmut_28":
         "device_put of the sharded array onto its own sharding: the same array",
     **{f"kernels.core.checking.x__to_stats__mutmut_{n}":
        "a bool field read through int(): 0 or 1, and only its truth is read" for n in (6, 10, 11)},
@@ -418,21 +418,21 @@ EQUIVALENT: dict[str, str] = {
        for n in (3, 4, 9, 10)},
     **{f"kernels.bench.gate.x__commit__mutmut_{n}": "git's -q: what it prints, not what it does"
        for n in (9, 39)},
-    "kernels.bench.gate.x_main_flow__mutmut_202": "git's -q: what it prints, not what it does",
+    "kernels.bench.gate.x_main_flow__mutmut_212": "git's -q: what it prints, not what it does",
     "kernels.bench.gate.x__commit__mutmut_19":
         "the name of the branch each trial commits on: nothing else reads it",
     "kernels.bench.gate.x__commit__mutmut_60":
         "rev-parse 'head' for 'HEAD': the branch just committed on, the same commit",
     **{f"kernels.bench.gate.x_main_flow__mutmut_{n}":
        "the speed-up's branch name, or -b for -B: the scratch clone has no such branch yet"
-       for n in (211, 212, 213)},
+       for n in (221, 222, 223)},
     **{f"kernels.bench.gate.x_main_flow__mutmut_{n}":
        "rmtree's ignore_errors: the scratch clone is ours and removable; it differs only "
-       "when the removal fails" for n in (276, 278, 279)},
+       "when the removal fails" for n in (286, 288, 289)},
     **{f"kernels.bench.gate.x_main_flow__mutmut_{n}":
        "a plant trial's kind: report reads a kind only as 'A/A' or 'speed-up', anything else "
-       "is a plant" for n in (171, 172)},
-    "kernels.bench.gate.x_main_flow__mutmut_99":
+       "is a plant" for n in (181, 182)},
+    "kernels.bench.gate.x_main_flow__mutmut_109":
         "an A/A trial's size: report reads a size only for plants and the speed-up",
     **{f"kernels.bench.gate.x_run_trial__mutmut_{n}":
        "the rows file's name: any name unique per trial label does (the trial's own --json)"
@@ -577,7 +577,7 @@ SURVIVORS: dict[str, str] = {
         "one, which no operation registers today",
     "kernels.profile.bottleneck.x_profile__*": "runs ncu on a GPU (`kernels bottleneck`)",
     "kernels.profile.bottleneck.x_profile_command__*": "the ncu command line, run on a GPU",
-    "kernels.bench.gate.x_main_flow__mutmut_220":
+    "kernels.bench.gate.x_main_flow__mutmut_230":
         "git revert without --no-edit opens an editor only when run from a terminal; the "
         "tests have none",
     **{f"kernels.core.timing.x__say__mutmut_{n}":
