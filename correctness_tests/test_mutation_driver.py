@@ -137,3 +137,30 @@ def test_recorded_results_are_dropped_when_anything_but_the_targets_modules_chan
     (root / "correctness_tests" / "test_target.py").write_text("def test_f(): assert 2\n")
     assert not mutation._drop_stale_results(work, target, keep=True) and meta.exists()
     assert not dropped()  # --rerun-survivors kept them, and the tree is stamped as seen
+
+
+def test_a_rerun_of_survivors_says_when_mutmut_will_run_every_mutant_again(
+        tmp_path, monkeypatch, capsys):
+    """mutmut forgets every recorded result when its settings change (the test selection,
+    pytest's arguments): --rerun-survivors then reruns everything, and says so; with the same
+    settings it stays quiet."""
+    root = tmp_path / "root"
+    for folder in ("kernels", "correctness_tests", "perf_tests"):
+        (root / folder).mkdir(parents=True)
+    for name in ("conftest.py", "asv.conf.json", "README.md"):
+        (root / name).write_text("")
+    (root / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (root / "kernels" / "target.py").write_text("def f():\n    return 1\n")
+    (root / "correctness_tests" / "test_target.py").write_text("def test_f(): pass\n")
+    monkeypatch.setattr(mutation, "ROOT", root)
+    monkeypatch.setattr(mutation, "SCRATCH", tmp_path / "scratch")
+    target = mutation.Target(name="t", modules=("kernels/target.py",),
+                             tests=("correctness_tests/test_target.py",))
+    mutation._prepare(target)
+    mutation._prepare(target, keep_results=True)
+    assert "runs every mutant again" not in capsys.readouterr().err
+    narrower = mutation.dataclasses.replace(target, tests=(*target.tests, "-k", "f"))
+    mutation._prepare(narrower, keep_results=True)
+    assert "t: mutmut's settings changed" in capsys.readouterr().err
+    mutation._prepare(narrower, keep_results=True)  # recorded: the same settings again
+    assert "runs every mutant again" not in capsys.readouterr().err

@@ -714,6 +714,15 @@ def _prepare(target: Target, keep_results: bool = False) -> pathlib.Path:
     }
     lines = ["", "[tool.mutmut]"] + [f"{key} = {json.dumps(value)}"
                                      for key, value in settings.items()]
+    mutmut_settings = "\n".join(lines[2:]) + "\n"
+    recorded = work / "settings.toml"
+    if keep_results and recorded.exists() and recorded.read_text() != mutmut_settings:
+        # mutmut forgets every recorded result when its own settings change (2026-11-27: a
+        # rerun after the pytest arguments changed found 766 of 859 mutants "not checked").
+        print(f"mutation: {target.name}: mutmut's settings changed since the last run (the "
+              f"test selection or pytest's arguments), so mutmut runs every mutant again, "
+              f"not only the survivors", file=sys.stderr)
+    recorded.write_text(mutmut_settings)
     (work / "pyproject.toml").write_text(project + "\n".join(lines) + "\n")
     return work
 
@@ -968,7 +977,9 @@ def main(argv: list[str] | None = None) -> int:
                              "a reason")
     parser.add_argument("--rerun-survivors", action="store_true",
                         help="rerun only the mutants the last run left alive (after tests were "
-                             "added: a mutant a kept test killed stays killed)")
+                             "added: a mutant a kept test killed stays killed; mutmut itself "
+                             "runs every mutant again if the target's tests or pytest "
+                             "arguments changed)")
     parser.add_argument("--max-children", type=int, default=1)
     args = parser.parse_args(argv)
     unknown = sorted(set(args.targets) - set(names))
