@@ -69,9 +69,9 @@ readme-check: install
 
 # Mutation testing of the harness (kernels/testing/mutation.py): whole modules, each target's
 # mutants against its tests, a score per module over all of them; survivors without a reason
-# listed make it exit 1. Not part of `make test`: on two cores the targets take minutes each
-# (README). TARGETS="checking timing" narrows it; MUTATION_ARGS="--max-children 2" uses both
-# cores, "--rerun-survivors" reruns only what the last run left alive.
+# listed make it exit 1. Not part of `make test`: on two cores (a mutant per core) the whole
+# run takes about 46 minutes (README). TARGETS="checking timing" narrows it;
+# MUTATION_ARGS="--rerun-survivors" reruns only what the last run left alive.
 MUTATION_ARGS ?=
 mutation: install
 	nice $(BIN)/python -m kernels.testing.mutation $(MUTATION_ARGS) $(TARGETS)

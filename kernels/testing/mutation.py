@@ -980,7 +980,8 @@ def main(argv: list[str] | None = None) -> int:
                              "added: a mutant a kept test killed stays killed; mutmut itself "
                              "runs every mutant again if the target's tests or pytest "
                              "arguments changed)")
-    parser.add_argument("--max-children", type=int, default=1)
+    parser.add_argument("--max-children", type=int, default=os.cpu_count() or 1,
+                        help="mutants run at once (default: one per CPU)")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.targets) - set(names))
     if unknown:
