@@ -57,14 +57,20 @@ def test_errors_that_leave_the_context_usable_are_not_sticky(text):
     assert isolation.sticky_error(text) is None
 
 
-def test_a_sticky_error_is_found_through_causes_and_groups():
+def _raised_from(outer: Exception, inner: Exception) -> Exception:
+    """`outer` raised from `inner` inside `except inner`: inner is its cause and its context."""
     try:
         try:
-            raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        except RuntimeError as inner:
-            raise ValueError("comparison failed") from inner
-    except ValueError as outer:
-        chained = outer
+            raise inner
+        except type(inner) as caught:
+            raise outer from caught
+    except type(outer) as raised:
+        return raised
+
+
+def test_a_sticky_error_is_found_through_causes_and_groups():
+    chained = _raised_from(ValueError("comparison failed"),
+                           RuntimeError("CUDA error: an illegal memory access was encountered"))
     assert isolation.sticky_in_exception(chained).startswith("CUDA_ERROR_ILLEGAL_ADDRESS")
     group = ExceptionGroup("two", [ValueError("x"), RuntimeError("misaligned address")])
     assert isolation.sticky_in_exception(group).startswith("CUDA_ERROR_MISALIGNED_ADDRESS")
@@ -82,13 +88,7 @@ def test_a_sticky_error_is_found_in_any_member_of_a_group(position):
 def test_an_exceptions_chain_holds_each_exception_once_even_when_it_is_cause_and_context():
     """`raise ... from inner` inside `except inner`: inner is both the cause and the context;
     a group may hold one exception twice."""
-    try:
-        try:
-            raise RuntimeError("inner")
-        except RuntimeError as caught:
-            raise ValueError("outer") from caught
-    except ValueError as outer:
-        chained = outer
+    chained = _raised_from(ValueError("outer"), RuntimeError("inner"))
     assert [str(e) for e in isolation._chain(chained)] == ["outer", "inner"]
     twice = KeyError("twice")
     group = ExceptionGroup("g", [twice, twice])
