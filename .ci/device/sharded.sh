@@ -63,9 +63,9 @@ COUNTS="2"; (( GPUS > 2 )) && COUNTS="2 $GPUS"
 MESHES="--mesh 1x2 --mesh 2x1"; (( GPUS >= 4 )) && MESHES="$MESHES --mesh 1x4 --mesh 2x2 --mesh 4x1"
 SCALE="1 2"; (( GPUS >= 4 )) && SCALE="1 2 4"
 
-# -rA lists every item's outcome with its worker, and faulthandler_timeout prints the stacks of
-# an item still running after 90 s: since d916c4e one item never ends under xdist (it passes
-# alone), and -q's dots could not say which (2026-11-27, 4 and 2 GPUs).
+# -rA lists every item's outcome (the one missing is the hang) and faulthandler_timeout prints
+# the stacks of an item still running after 90 s: since d916c4e one item never ends under
+# xdist (every test passes alone), and -q's dots could not say which (2026-11-27, 4 and 2 GPUs).
 # shellcheck disable=SC2086  # PYTEST_ARGS: extra pytest flags, e.g. --durations=20
 step pytest "${PYTEST_LIMIT:-200}" python3 -m pytest -m multi_gpu -q -rA \
     -o faulthandler_timeout=90 ${PYTEST_ARGS:-}

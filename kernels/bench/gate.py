@@ -80,9 +80,9 @@ class Plant:
 _SOFTMAX = {"gpu": "f32-32768x4096", "cpu": "f32-64x1000"}
 _MATMUL = {"gpu": "bf16-8192x8192x8192", "cpu": "f32-129x130x257"}
 _ROW_SUM = {"gpu": "f32-32768x4096", "cpu": "f32-64x1000"}
-# The collective matmul over two GPUs (model axis: its all-gather ring overlaps the product);
-# on a CPU the 4x2 mesh of forced host devices.
-# On a GPU host the ring spans every GPU: a 2-GPU ring is one hop each way.
+# The collective matmul over the model axis (its all-gather ring overlaps the product), the
+# ring over every GPU of the host (on two, each step is one hop); on a CPU the 4x2 mesh of
+# forced host devices.
 _SHARDED_MATMUL = {"gpu": "bf16-8192x8192x4096-mesh1x2", "gpu4": "bf16-8192x8192x4096-mesh1x4",
                    "gpu8": "bf16-8192x8192x4096-mesh1x8", "cpu": "f32-64x32x48-mesh4x2"}
 # A plant's scale makes its measured slowdown about its nominal size on the H100 (f32
