@@ -18,6 +18,7 @@ import types
 import numpy as np
 import pytest
 
+from correctness_tests import fakes
 from kernels.core import registry, validation
 from kernels.testing import drill, faults, isolation
 
@@ -1099,16 +1100,6 @@ def test_drill_settings_take_an_item_limit_under_a_second():
     assert drill.Settings(platform="cpu", item_limit_s=0.5).item_limit == 0.5
 
 
-class _Clock:
-    """time.monotonic for drill._run, moved on by the tool stand-in's waits."""
-
-    def __init__(self):
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-
 class _Tool:
     """subprocess.Popen for drill._run: it ends `ends_after_s` after its start (None: never),
     with `code`; each wait moves the clock on, and writes `output` to the log at its second."""
@@ -1158,7 +1149,7 @@ def _run_tool(tmp_path, monkeypatch, tool, clock, killed=None, **kwargs):
 
 def test_a_tool_that_never_ends_is_waited_on_to_its_limit_then_its_group_is_killed(
         tmp_path, monkeypatch):
-    clock = _Clock()
+    clock = fakes.Clock()
     tool = _Tool(clock, output="....F [ 50%]\n")
     (code, wall), lines, killed = _run_tool(tmp_path, monkeypatch, tool, clock)
     assert (code, wall, killed) == (None, 11.0, [tool])
@@ -1171,7 +1162,7 @@ def test_a_tool_that_never_ends_is_waited_on_to_its_limit_then_its_group_is_kill
 
 def test_a_tool_runs_in_its_own_session_in_the_clone_with_both_streams_in_its_log(
         tmp_path, monkeypatch):
-    clock = _Clock()
+    clock = fakes.Clock()
     tool = _Tool(clock, ends_after_s=7.0, code=3)
     (code, wall), lines, killed = _run_tool(tmp_path, monkeypatch, tool, clock, label="asv")
     assert (code, wall, killed) == (3, 7.0, [])  # ended by itself: nothing to kill
@@ -1184,7 +1175,7 @@ def test_a_tool_runs_in_its_own_session_in_the_clone_with_both_streams_in_its_lo
 
 
 def test_an_interrupted_wait_kills_the_tools_group_and_is_raised(tmp_path, monkeypatch):
-    clock = _Clock()
+    clock = fakes.Clock()
     tool = _Tool(clock, raises=KeyboardInterrupt())
     killed: list = []
     with pytest.raises(KeyboardInterrupt):

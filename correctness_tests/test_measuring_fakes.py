@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from correctness_tests import fakes
 from kernels import registry, timing
 from perf_tests import measuring
 
@@ -33,26 +34,6 @@ def _ids(keys):
 
 
 # -- the supervisor, with scripted workers ------------------------------------------------------
-
-class Clock:
-    """measuring's `time`: it moves only when the supervisor sleeps. A supervisor that waits
-    past every limit it has (hours) fails the test at once, rather than hanging it."""
-
-    def __init__(self):
-        self.now = 1000.0
-
-    def monotonic(self):
-        return self.now
-
-    perf_counter = monotonic
-
-    def time(self):
-        return 1.7e9 + self.now
-
-    def sleep(self, seconds):
-        self.now += seconds
-        assert self.now < 1000.0 + 10_000, "the supervisor waited past every limit"
-
 
 @dataclasses.dataclass
 class Run:
@@ -96,7 +77,7 @@ class Workers:
 
     def __init__(self, monkeypatch, script):
         self.script, self.started, self.killed, self.processes = script, [], [], {}
-        self.clock = Clock()
+        self.clock = fakes.Clock()
         monkeypatch.setattr(measuring, "time", self.clock)
         monkeypatch.setattr(measuring.subprocess, "Popen", self.popen)
         monkeypatch.setattr(os, "killpg", self.killpg)
@@ -723,6 +704,12 @@ def test_the_final_record_of_a_key_is_its_last_done_failed_or_skipped():
 
 # -- the worker, with its backend, inputs and measurement faked ---------------------------------
 
+def _worker(tmp_path, keys, dashboard=False):
+    """measuring.worker over `keys`, journalling into tmp_path: (its exit status, the journal)."""
+    journal = tmp_path / "j.jsonl"
+    return measuring.worker(journal, keys, dashboard=dashboard), journal
+
+
 class FakeWorld:
     """What measuring.worker reaches outside itself, faked: implementations named "xla...",
     "pallas..." and "ahead-..." are JAX ones; "skip..." cannot run here; "nokernel..."
@@ -749,7 +736,7 @@ class FakeWorld:
         monkeypatch.setattr(os, "cpu_count", lambda: 16)
         monkeypatch.delenv(measuring.AHEAD_VARIABLE, raising=False)
         monkeypatch.setenv("KERNELPERF_SPAWNED_AT", repr(100.0))
-        self.clock = Clock()
+        self.clock = fakes.Clock()
         monkeypatch.setattr(measuring, "time", self.clock)
 
     @staticmethod
@@ -791,10 +778,10 @@ def _events(journal):
 
 def test_the_worker_measures_each_key_once_making_each_cases_inputs_once(tmp_path, monkeypatch):
     world = FakeWorld(monkeypatch)
-    journal = tmp_path / "j.jsonl"
     keys = [("op", "torch", "c1", "fwd"), ("op", "torch2", "c1", "bwd"),
             ("op", "torch", "c2", "fwd")]
-    assert measuring.worker(journal, keys, dashboard=True) == 0
+    status, journal = _worker(tmp_path, keys, dashboard=True)
+    assert status == 0
     assert world.died and world.backend == [keys]
     assert world.inputs_made == [("op", "c1"), ("op", "c2")]
     assert [(key, inputs, device, dashboard, ready) for key, inputs, device, dashboard, ready
@@ -816,10 +803,9 @@ def test_the_worker_measures_each_key_once_making_each_cases_inputs_once(tmp_pat
 def test_every_line_the_worker_writes_but_a_skip_carries_its_wall_clock_time(tmp_path,
                                                                              monkeypatch):
     FakeWorld(monkeypatch)
-    journal = tmp_path / "j.jsonl"
     keys = [("op", "xla", "c1", "fwd"), ("op", "pallas", "c1", "fwd"),
             ("op", "raise", "c1", "fwd")]
-    measuring.worker(journal, keys, dashboard=False)
+    _, journal = _worker(tmp_path, keys)
     measuring.worker(journal, [("op", "ahead-raise", "c2", "fwd"), ("op", "xla", "c2", "fwd")],
                      dashboard=False)
     entries = measuring.read_journal(journal)
@@ -840,10 +826,10 @@ def test_the_worker_without_a_spawn_time_counts_its_process_time_from_now(tmp_pa
 def test_what_cannot_run_here_is_skipped_and_a_case_with_nothing_left_makes_no_inputs(
         tmp_path, monkeypatch):
     world = FakeWorld(monkeypatch)
-    journal = tmp_path / "j.jsonl"
     keys = [("op", "skip", "c1", "fwd"), ("op", "skip2", "c1", "fwd"),
             ("op", "skip", "c2", "fwd"), ("op", "torch", "c2", "fwd")]
-    assert measuring.worker(journal, keys, dashboard=False) == 0
+    status, journal = _worker(tmp_path, keys)
+    assert status == 0
     assert world.inputs_made == [("op", "c2")]
     assert _events(journal)[1:] == [("skipped", "op/skip/c1/fwd"), ("skipped", "op/skip2/c1/fwd"),
                                     ("skipped", "op/skip/c2/fwd"), ("start", "op/torch/c2/fwd"),
@@ -854,10 +840,10 @@ def test_what_cannot_run_here_is_skipped_and_a_case_with_nothing_left_makes_no_i
 def test_a_case_compiles_its_jax_sets_ahead_and_each_is_measured_with_its_executable(
         tmp_path, monkeypatch):
     world = FakeWorld(monkeypatch)
-    journal = tmp_path / "j.jsonl"
     keys = [("op", "xla", "c1", "fwd"), ("op", "torch", "c1", "fwd"),
             ("op", "pallas", "c1", "fwd")]
-    assert measuring.worker(journal, keys, dashboard=False) == 0
+    status, journal = _worker(tmp_path, keys)
+    assert status == 0
     early = [keys[0], keys[2]]
     assert world.compiled == [(early, ("inputs", "op", "c1"), 2)]
     assert world.inputs_made == [("op", "c1")]  # made once, before compiling
@@ -906,10 +892,10 @@ def test_compiling_ahead_is_on_unless_the_variable_says_0(tmp_path, monkeypatch)
 def test_a_fault_while_compiling_ahead_is_journalled_and_the_worker_exits_at_once(
         tmp_path, monkeypatch):
     world = FakeWorld(monkeypatch)
-    journal = tmp_path / "j.jsonl"
     keys = [("op", "ahead-raise", "c1", "fwd"), ("op", "xla", "c1", "fwd"),
             ("op", "xla", "c2", "fwd")]
-    assert measuring.worker(journal, keys, dashboard=False) == measuring.EXIT_AHEAD_FAILED
+    status, journal = _worker(tmp_path, keys)
+    assert status == measuring.EXIT_AHEAD_FAILED
     assert _events(journal) == [("worker", None), ("ahead", None), ("ahead-failed", None)]
     assert measuring.read_journal(journal)[-1]["reason"] == "RuntimeError: CUDA_ERROR_X"
     assert not world.measured
@@ -918,10 +904,10 @@ def test_a_fault_while_compiling_ahead_is_journalled_and_the_worker_exits_at_onc
 def test_a_parameter_set_that_raises_is_failed_and_the_worker_exits_for_a_fresh_one(
         tmp_path, monkeypatch):
     world = FakeWorld(monkeypatch)
-    journal = tmp_path / "j.jsonl"
     keys = [("op", "torch", "c1", "fwd"), ("op", "raise", "c1", "fwd"),
             ("op", "torch", "c2", "fwd")]
-    assert measuring.worker(journal, keys, dashboard=False) == measuring.EXIT_AFTER_FAILURE
+    status, journal = _worker(tmp_path, keys)
+    assert status == measuring.EXIT_AFTER_FAILURE
     assert _events(journal)[1:] == [("start", "op/torch/c1/fwd"), ("done", "op/torch/c1/fwd"),
                                     ("start", "op/raise/c1/fwd"), ("failed", "op/raise/c1/fwd")]
     assert measuring.read_journal(journal)[-1]["reason"] == "ValueError: bad kernel"
@@ -931,9 +917,9 @@ def test_a_parameter_set_that_raises_is_failed_and_the_worker_exits_for_a_fresh_
 def test_a_call_that_launches_no_kernel_is_skipped_and_the_next_one_measured(tmp_path,
                                                                              monkeypatch):
     FakeWorld(monkeypatch)
-    journal = tmp_path / "j.jsonl"
     keys = [("op", "nokernel", "c1", "bwd"), ("op", "torch", "c1", "bwd")]
-    assert measuring.worker(journal, keys, dashboard=False) == 0
+    status, journal = _worker(tmp_path, keys)
+    assert status == 0
     entries = measuring.read_journal(journal)
     assert _events(journal)[1:] == [("start", "op/nokernel/c1/bwd"),
                                     ("skipped", "op/nokernel/c1/bwd"),
@@ -1265,7 +1251,7 @@ def test_a_cases_inputs_are_made_once_from_seed_0(monkeypatch):
     made = []
     operation = types.SimpleNamespace(case=lambda case_id: f"case {case_id}")
     monkeypatch.setattr(registry, "operation", lambda op: operation if op == "op" else None)
-    clock = Clock()
+    clock = fakes.Clock()
     monkeypatch.setattr(measuring, "time", clock)
 
     def make_inputs(*args):
@@ -1286,7 +1272,7 @@ def test_the_backends_started_are_jax_and_torch_only_for_torch_keys(monkeypatch,
     import torch
 
     calls = []
-    clock = Clock()
+    clock = fakes.Clock()
     monkeypatch.setattr(measuring, "time", clock)
 
     def devices():
