@@ -236,6 +236,12 @@ for name in [n for n in sys.modules if n == "kernels" or n.startswith("kernels."
 """
 WARMUP_MODULE = "mutation_warmup"
 
+# Reasons that recur across the modules.
+_INF = 'float("INF") is float("inf"): Python parses the name case-insensitively'
+_NAN = 'float("NAN") is float("nan"): Python parses the name case-insensitively'
+_FLUSH = "print's flush: when a line reaches a pipe, not what it says"
+_STACKLEVEL = "stacklevel: which caller's line the warning names, not whether or what it says"
+
 # Mutants no test can kill because the program means the same with or without the change:
 # "module.function__mutmut_N": why. Reviewed by hand; keep the reason to one line. N is
 # mutmut's numbering, which changes between its releases (pyproject.toml pins the one these
@@ -287,7 +293,7 @@ EQUIVALENT: dict[str, str] = {
         "ratio <= 1 for < 1: a ratio of exactly 1 is never a change, so never reaches here",
     "kernels.bench.asv_tools.x_verdict__mutmut_100":
         "ratio >= 1 for > 1: a ratio of exactly 1 is never a change, so never reaches here",
-    **{name: 'float("INF") is float("inf"): Python parses the name case-insensitively'
+    **{name: _INF
        for name in ("kernels.core.timing.x_coefficient_of_variation__mutmut_5",
                     "kernels.core.timing.x_coefficient_of_variation__mutmut_16",
                     "kernels.core.timing.x_robust_cv__mutmut_5",
@@ -343,7 +349,7 @@ EQUIVALENT: dict[str, str] = {
     **{f"kernels.roofline.ceilings.x__copy_kernels__mutmut_{n}":
        "dtype left to its default: torch's and jnp's default dtype is float32 (no x64)"
        for n in (3, 6, 29, 31)},
-    **{name: "stacklevel: which caller's line the warning names, not whether or what it says"
+    **{name: _STACKLEVEL
        for name in ("kernels.roofline.ceilings.x_for_device__mutmut_19",
                     "kernels.roofline.ceilings.x_for_device__mutmut_20",
                     "kernels.roofline.ceilings.x_measured__mutmut_19",
@@ -441,7 +447,7 @@ EQUIVALENT: dict[str, str] = {
         "strip('XX\\'XX') also strips capital X: no implementation's name starts or ends "
         "with one",
     **{f"kernels.bench.{module}.x__print__mutmut_{n}":
-       "print's flush: when a line reaches a pipe, not what it says"
+       _FLUSH
        for module in ("confirm", "gate") for n in (2, 4, 5)},
     **{f"kernels.bench.asv_tools.x_compare__mutmut_{n}":
        "sorted by name alone: each suite's time_ rows still come before its track_ rows "
@@ -494,7 +500,7 @@ EQUIVALENT: dict[str, str] = {
     "kernels.testing.isolation.x__seconds__mutmut_5":
         "-2.0 for -1.0 as an unreadable number's value: any negative is refused alike",
     "kernels.testing.isolation.x__seconds__mutmut_12":
-        'float("INF") is float("inf"): Python parses the name case-insensitively',
+        _INF,
     "kernels.testing.isolation.xǁ_Controllerǁlabel__mutmut_13":
         "the bracket slice of an id that does not end in ']': pytest puts parameters only "
         "at the end, so the slice holds the path or '::' and names no kernel item",
@@ -519,7 +525,7 @@ EQUIVALENT: dict[str, str] = {
     "kernels.testing.drill.x_asv_values__mutmut_31":
         "strip(\"X'\") for strip(\"'\"): implementation names are lower case",
     "kernels.testing.drill.x_asv_values__mutmut_57":
-        'float("NAN") is float("nan"): Python parses the name case-insensitively',
+        _NAN,
     # gate-measuring, reviewed 2026-11-27 (fourth session)
     **{f"perf_tests.measuring.x_ensure_measured__mutmut_{n}":
        "print's flush=True dropped: sys.stderr is line-buffered (always, since Python 3.9) "
@@ -548,12 +554,12 @@ EQUIVALENT: dict[str, str] = {
     # perfcheck, roofline, bottleneck, reviewed 2026-11-27 (fourth session). mutmut renumbered
     # perfcheck's record (its getattr and NAN mutants were 15 and 45) and ceilings' measured.
     "kernels.bench.perfcheck.x_record__mutmut_16": "getattr's default None: falsy, as False is",
-    "kernels.bench.perfcheck.x_record__mutmut_46": 'float("NAN") is float("nan")',
+    "kernels.bench.perfcheck.x_record__mutmut_46": _NAN,
     **{f"kernels.roofline.ceilings.x_measured__mutmut_{n}":
-       "stacklevel: which caller's line the warning names, not whether or what it says"
+       _STACKLEVEL
        for n in (41, 42)},
     **{f"kernels.roofline.ceilings.x__measured_elsewhere__mutmut_{n}":
-       "stacklevel: which caller's line the warning names, not whether or what it says"
+       _STACKLEVEL
        for n in (23, 24)},
     **{f"kernels.roofline.ceilings.x_measured__mutmut_{n}":
        "indent: the cache file's layout, not what it holds" for n in (53, 55, 60)},
@@ -564,7 +570,7 @@ EQUIVALENT: dict[str, str] = {
     **{f"kernels.roofline.ceilings.x__measured_elsewhere__mutmut_{n}":
        "subprocess.run's check None or left out: falsy, as False is" for n in (6, 10)},
     **{f"kernels.roofline.ceilings.x__progress__mutmut_{n}":
-       "print's flush: when a line reaches a pipe, not what it says" for n in (3, 6, 7)},
+       _FLUSH for n in (3, 6, 7)},
 }
 
 
