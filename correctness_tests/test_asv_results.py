@@ -18,7 +18,6 @@ import re
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import pytest
@@ -140,8 +139,10 @@ def host(tmp_path, monkeypatch):
 
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setattr(fingerprint, "_cpu_name", lambda: "Test CPU @ 1GHz")
-    monkeypatch.setattr(platform, "uname",
-                        lambda: types.SimpleNamespace(system="TestOS", release="9.9-test"))
+    # A real uname_result, not a namespace: asv unpacks uname() as a tuple when it is
+    # first imported, which may happen inside a test that this fixture set up.
+    made_up = platform.uname_result("TestOS", "test-node", "9.9-test", "#1", "test-arch")
+    monkeypatch.setattr(platform, "uname", lambda: made_up)
     monkeypatch.setattr(platform, "machine", lambda: "test-arch")
     monkeypatch.setattr(os, "cpu_count", lambda: 7)
     monkeypatch.setattr(os, "sysconf", {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 1000}.__getitem__)
