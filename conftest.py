@@ -207,6 +207,17 @@ def _selects_perf_only(markexpr: str) -> bool:
     return True
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """A worker on a shared GPU machine runs an item marked `multi_gpu` holding the lock the
+    workers share (scheduling.several_devices_held): two processes' collectives on the same
+    GPUs can wait on each other forever."""
+    if not (_SHARED_GPU and item.get_closest_marker("multi_gpu")):
+        return (yield)
+    with scheduling.several_devices_held():
+        return (yield)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     """A worker on a shared GPU gives torch's cached blocks back after each item (see

@@ -205,6 +205,7 @@ def test_correct_kernel_passes_on_the_device_path(planted, device_path):
     assert device_path == [False, True]  # output, then dx with its magnitude
 
 
+@pytest.mark.multi_gpu  # on a GPU host: GPUs, and the reductions may be collectives
 @pytest.mark.skipif(jax.device_count() < 3, reason="needs 3 devices (forced host devices)")
 def test_a_result_spread_over_devices_is_compared_on_a_device(device_path, monkeypatch):
     """A sharded result is gathered onto the reference's device (device to device: on the
@@ -711,6 +712,7 @@ def test_torch_results_of_16_bits_compare_on_the_host():
                          tolerance=tolerance, name="bf16")
 
 
+@pytest.mark.multi_gpu  # on a GPU host: GPUs, and the reductions may be collectives
 @pytest.mark.skipif(jax.device_count() < 2, reason="needs 2 devices (forced host devices)")
 def test_a_sharded_result_compares_with_a_torch_reference(device_path):
     """compare takes any mix of NumPy, JAX and torch, a result spread over devices included:

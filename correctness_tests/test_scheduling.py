@@ -217,3 +217,58 @@ def test_scheduler_groups_kernel_items_by_case_from_their_test_ids(monkeypatch):
     other = "correctness_tests/test_harness.py::test_compare_reports_errors"
     assert scheduler._split_scope(other) == other
     assert conftest.pytest_xdist_make_scheduler(_config(2, dist="load"), log=None) is None
+
+
+def _held_elsewhere(directory) -> bool:
+    """Whether another open file description (as another process would have) is refused
+    the lock several_devices_held takes in `directory`."""
+    import fcntl
+    import os
+
+    path = pathlib.Path(directory) / f"kernelperf-several-devices-{os.getuid()}.lock"
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return False
+
+
+def test_work_over_several_devices_holds_a_lock_the_workers_share(tmp_path, monkeypatch):
+    """Held for the body alone, and given back when the body raises; the holder's children
+    (its environment) run without it."""
+    import os
+
+    monkeypatch.delenv(scheduling.HELD_VARIABLE, raising=False)
+    assert not _held_elsewhere(tmp_path)
+    with scheduling.several_devices_held(str(tmp_path)):
+        assert _held_elsewhere(tmp_path)
+        assert os.environ[scheduling.HELD_VARIABLE] == str(os.getpid())
+        with scheduling.several_devices_held(str(tmp_path)):  # as a child would: no wait
+            assert _held_elsewhere(tmp_path)
+    assert not _held_elsewhere(tmp_path) and scheduling.HELD_VARIABLE not in os.environ
+    with pytest.raises(RuntimeError, match="^a sharded test failed$"):
+        with scheduling.several_devices_held(str(tmp_path)):
+            raise RuntimeError("a sharded test failed")
+    assert not _held_elsewhere(tmp_path)
+
+
+@pytest.mark.parametrize(("shared_gpu", "marked", "locks"), [
+    (True, True, True), (True, False, False), (False, True, False)])
+def test_a_multi_gpu_item_runs_under_the_lock_on_a_shared_gpu_machine(
+        shared_gpu, marked, locks, tmp_path, monkeypatch):
+    """Only an xdist worker on a GPU machine (_SHARED_GPU) takes the lock, and only for an
+    item marked multi_gpu; the item's outcome comes back through the wrapper either way."""
+    monkeypatch.delenv(scheduling.HELD_VARIABLE, raising=False)
+    monkeypatch.setattr(conftest, "_SHARED_GPU", shared_gpu)
+    monkeypatch.setattr(scheduling.tempfile, "gettempdir", lambda: str(tmp_path))
+    item = types.SimpleNamespace(get_closest_marker=lambda name: name == "multi_gpu" and marked
+                                 or None)
+    wrapper = conftest.pytest_runtest_protocol(item, None)
+    next(wrapper)
+    assert _held_elsewhere(tmp_path) is locks
+    with pytest.raises(StopIteration) as stopped:
+        wrapper.send(True)
+    assert stopped.value.value is True
+    assert not _held_elsewhere(tmp_path)

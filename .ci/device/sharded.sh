@@ -63,9 +63,11 @@ COUNTS="2"; (( GPUS > 2 )) && COUNTS="2 $GPUS"
 MESHES="--mesh 1x2 --mesh 2x1"; (( GPUS >= 4 )) && MESHES="$MESHES --mesh 1x4 --mesh 2x2 --mesh 4x1"
 SCALE="1 2"; (( GPUS >= 4 )) && SCALE="1 2 4"
 
-# -rA lists every item's outcome (the one missing is the hang) and faulthandler_timeout prints
-# the stacks of an item still running after 90 s: since d916c4e one item never ends under
-# xdist (every test passes alone), and -q's dots could not say which (2026-11-27, 4 and 2 GPUs).
+# -rA lists every item's outcome and faulthandler_timeout prints the stacks of an item still
+# running after 90 s: after d916c4e the run never ended under xdist (every test passed alone;
+# 2026-11-27, 4 and 2 GPUs), and -q's dots could not say which item. The suspect, two
+# workers' NCCL collectives on the same GPUs at once, is now ruled out by a lock (conftest.py,
+# scheduling.several_devices_held); these flags stay until a run confirms it.
 # shellcheck disable=SC2086  # PYTEST_ARGS: extra pytest flags, e.g. --durations=20
 step pytest "${PYTEST_LIMIT:-200}" python3 -m pytest -m multi_gpu -q -rA \
     -o faulthandler_timeout=90 ${PYTEST_ARGS:-}

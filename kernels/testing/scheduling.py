@@ -8,7 +8,11 @@ a worker keeps the peak of the largest item it ran: the few cases whose referenc
 tens of GiB (real-size attention) all go to one group, hence one worker, and the worker
 count is what the GPU holds with that worker at its peak and every other worker at the
 peak of the largest remaining case. Items over several devices form one group too, so
-two of them never share the GPUs at once.
+two of them never share the GPUs at once; every other item marked `multi_gpu` (the sharded
+tests, the collectives) takes `several_devices_held`, a lock the workers share, for the
+same reason: NCCL runs the collectives of two processes' communicators on the same GPUs in
+no agreed order, and such work can wait on itself forever (NCCL's user guide, "Using
+multiple NCCL communicators concurrently").
 
 Workers allocate with JAX's platform allocator (conftest.py), which hands memory
 back as arrays die. Items that time the device skip under several workers (see
@@ -17,8 +21,13 @@ kernels.bench.perfcheck.parallel_reason): `pytest -m perf` runs them in one proc
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import math
+import os
+import tempfile
+from collections.abc import Iterator
 
 from kernels.core import devices, dtypes, environment, fingerprint, registry
 
@@ -33,10 +42,35 @@ CAPACITY_FRACTION = 0.85
 CONTEXT_BYTES = 1.5 * 2**30
 MAX_WORKERS = 8
 WORKERS_VARIABLE = "KERNELPERF_TEST_WORKERS"
+# Set, to the holder's pid, while a process holds several_devices_held: its children inherit it.
+HELD_VARIABLE = "KERNELPERF_SEVERAL_DEVICES_HELD"
 # Float32 copies of what the backward touches, alive together at a check's peak: the
 # reference (jitted forward, VJP, magnitudes), the implementation's output and gradients,
 # the cached reference and the pristine inputs.
 COPIES = 4
+
+
+@contextlib.contextmanager
+def several_devices_held(directory: str | None = None) -> Iterator[None]:
+    """Hold this user's lock on the machine's GPUs while the body runs (an exclusive flock
+    on a file in `directory`, the temporary directory by default): one process at a time
+    runs work over several devices. The kernel closes the file, hence frees the lock, when
+    a process dies holding it. A process started by the holder (HELD_VARIABLE in its
+    environment: a child pytest, say) runs without taking it, where waiting would be for
+    its own parent."""
+    if os.environ.get(HELD_VARIABLE):
+        yield
+        return
+    path = os.path.join(directory or tempfile.gettempdir(),
+                        f"kernelperf-several-devices-{os.getuid()}.lock")
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        os.environ[HELD_VARIABLE] = str(os.getpid())
+        try:
+            yield
+        finally:
+            del os.environ[HELD_VARIABLE]
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def estimated_bytes(op: registry.Operation, case: registry.Case) -> float:
