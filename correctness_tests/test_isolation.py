@@ -590,6 +590,7 @@ def test_under_xdists_load_scheduler_an_item_that_never_started_is_requeued(tmp_
 # -- the stand-ins ------------------------------------------------------------------------------
 
 def test_the_sticky_stand_in_fails_every_implementation_of_its_operation_after_it(monkeypatch):
+    registry.load()  # the planted source reads the registry's table: filled, however run alone
     saved = dict(registry._IMPLEMENTATIONS)
     monkeypatch.setattr(registry, "register_implementation", registry.register_implementation)
     try:
