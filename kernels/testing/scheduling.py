@@ -69,7 +69,7 @@ def several_devices_held(directory: str | None = None) -> Iterator[None]:
         try:
             yield
         finally:
-            del os.environ[HELD_VARIABLE]
+            os.environ.pop(HELD_VARIABLE, None)
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
