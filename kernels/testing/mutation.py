@@ -349,11 +349,11 @@ EQUIVALENT: dict[str, str] = {
     **{f"kernels.roofline.ceilings.x__copy_kernels__mutmut_{n}":
        "dtype left to its default: torch's and jnp's default dtype is float32 (no x64)"
        for n in (3, 6, 29, 31)},
-    **{name: _STACKLEVEL
-       for name in ("kernels.roofline.ceilings.x_for_device__mutmut_19",
-                    "kernels.roofline.ceilings.x_for_device__mutmut_20",
-                    "kernels.roofline.ceilings.x_measured__mutmut_19",
-                    "kernels.roofline.ceilings.x_measured__mutmut_25")},
+    **{f"kernels.roofline.ceilings.{name}": _STACKLEVEL
+       for name in ("x_for_device__mutmut_19", "x_for_device__mutmut_20",
+                    "x_measured__mutmut_19", "x_measured__mutmut_25", "x_measured__mutmut_41",
+                    "x_measured__mutmut_42", "x__measured_elsewhere__mutmut_23",
+                    "x__measured_elsewhere__mutmut_24")},
     **{f"kernels.core.checking.x_check__mutmut_{n}":
        "has_direction(impl, d) for any d but 'fwd' asks for the backward, as 'bwd' does"
        for n in (14, 17, 18)},
@@ -446,8 +446,7 @@ EQUIVALENT: dict[str, str] = {
     "kernels.bench.gate.x_run_trial__mutmut_165":
         "strip('XX\\'XX') also strips capital X: no implementation's name starts or ends "
         "with one",
-    **{f"kernels.bench.{module}.x__print__mutmut_{n}":
-       _FLUSH
+    **{f"kernels.bench.{module}.x__print__mutmut_{n}": _FLUSH
        for module in ("confirm", "gate") for n in (2, 4, 5)},
     **{f"kernels.bench.asv_tools.x_compare__mutmut_{n}":
        "sorted by name alone: each suite's time_ rows still come before its track_ rows "
@@ -499,8 +498,7 @@ EQUIVALENT: dict[str, str] = {
        "a line with text always exists and the default is never read" for n in (4, 6)},
     "kernels.testing.isolation.x__seconds__mutmut_5":
         "-2.0 for -1.0 as an unreadable number's value: any negative is refused alike",
-    "kernels.testing.isolation.x__seconds__mutmut_12":
-        _INF,
+    "kernels.testing.isolation.x__seconds__mutmut_12": _INF,
     "kernels.testing.isolation.xǁ_Controllerǁlabel__mutmut_13":
         "the bracket slice of an id that does not end in ']': pytest puts parameters only "
         "at the end, so the slice holds the path or '::' and names no kernel item",
@@ -524,8 +522,7 @@ EQUIVALENT: dict[str, str] = {
         "around it has already sent to ''",
     "kernels.testing.drill.x_asv_values__mutmut_31":
         "strip(\"X'\") for strip(\"'\"): implementation names are lower case",
-    "kernels.testing.drill.x_asv_values__mutmut_57":
-        _NAN,
+    "kernels.testing.drill.x_asv_values__mutmut_57": _NAN,
     # gate-measuring, reviewed 2026-11-27 (fourth session)
     **{f"perf_tests.measuring.x_ensure_measured__mutmut_{n}":
        "print's flush=True dropped: sys.stderr is line-buffered (always, since Python 3.9) "
@@ -556,12 +553,6 @@ EQUIVALENT: dict[str, str] = {
     "kernels.bench.perfcheck.x_record__mutmut_16": "getattr's default None: falsy, as False is",
     "kernels.bench.perfcheck.x_record__mutmut_46": _NAN,
     **{f"kernels.roofline.ceilings.x_measured__mutmut_{n}":
-       _STACKLEVEL
-       for n in (41, 42)},
-    **{f"kernels.roofline.ceilings.x__measured_elsewhere__mutmut_{n}":
-       _STACKLEVEL
-       for n in (23, 24)},
-    **{f"kernels.roofline.ceilings.x_measured__mutmut_{n}":
        "indent: the cache file's layout, not what it holds" for n in (53, 55, 60)},
     **{f"kernels.roofline.ceilings.x__measured_elsewhere__mutmut_{n}":
        "the child's stderr inherited, not joined to its stdout: both reach our stderr, since "
@@ -569,8 +560,7 @@ EQUIVALENT: dict[str, str] = {
        for n in (5, 9)},
     **{f"kernels.roofline.ceilings.x__measured_elsewhere__mutmut_{n}":
        "subprocess.run's check None or left out: falsy, as False is" for n in (6, 10)},
-    **{f"kernels.roofline.ceilings.x__progress__mutmut_{n}":
-       _FLUSH for n in (3, 6, 7)},
+    **{f"kernels.roofline.ceilings.x__progress__mutmut_{n}": _FLUSH for n in (3, 6, 7)},
 }
 
 
