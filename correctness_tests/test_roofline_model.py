@@ -251,7 +251,7 @@ def test_measure_takes_the_fastest_candidate_and_derives_each_roof(monkeypatch):
 
     def fake_time(timeable, *, regime, rule, device):
         assert regime == ("hot" if "neg" in timeable.label else "cold")
-        assert (rule.min_samples, rule.time_budget_s) == (5, 1.0)
+        assert (rule.min_samples, rule.time_budget_s) == (5, 0.25)
         return timing.Measurement.from_samples(
             [medians[timeable.label]], label=timeable.label, method="host-clock",
             regime=regime, stop_reason="converged", fingerprint={})
