@@ -73,14 +73,17 @@ VENDOR = {
         "jquery.flot.min.js", "jquery.flot.time.min.js", "jquery.flot.selection.min.js",
         "jquery.flot.categories.min.js")},
     "md5.min.js": ("node-blueimp-md5", ["/usr/share/javascript/blueimp-md5/md5.min.js"]),
+    # 1.1.3 for asv's 1.0.1: the API asv's benchmark list and regressions page call,
+    # $table.stupidtable(sorters) and $th.stupidsort(direction) (their first sort on open).
+    "stupidtable.min.js": ("libjs-jquery-stupidtable",
+                           ["/usr/share/javascript/jquery-stupidtable/stupidtable.min.js"]),
     "bootstrap.min.js": ("libjs-bootstrap", [f"{_BOOTSTRAP}/js/bootstrap.min.js"]),
     "bootstrap.min.css": ("libjs-bootstrap", [f"{_BOOTSTRAP}/css/bootstrap.min.css"]),
 }
-# Plug-ins with no Debian copy; what stands in for them.
+# The plug-in with no Debian copy: flot's orderBars, written anew in dashboard.js (loaded
+# later, so this file only has to exist).
 SHIMS = {
     "jquery.flot.orderBars.js": "/* kernelperf: orderBars is in kernelperf.js (dashboard.js) */\n",
-    "stupidtable.min.js": "/* kernelperf: stupidtable left out; tables not sortable */\n"
-                          "jQuery.fn.stupidtable = function () { return this; };\n",
 }
 # kernelperf's script (dashboard.js), published as kernelperf.js and loaded right after asv.js.
 SCRIPT = Path(__file__).with_name("dashboard.js")
