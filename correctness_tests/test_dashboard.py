@@ -5,6 +5,7 @@ publishes from."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -381,3 +382,62 @@ def test_default_filters_follow_each_benchmark_and_machine(tmp_path):
     # The benchmark list opens on the machine with points for the most benchmarks (asv: the
     # first machine, here the one with none).
     assert dashboard.list_machine(tmp_path, defaults) == ["h100"]
+
+
+def _samples(value: float, spread: float, count: int = 20) -> list[float]:
+    """`count` samples evenly over +-`spread` around `value`."""
+    return [value * (1 + spread * (2 * i / (count - 1) - 1)) for i in range(count)]
+
+
+def _history(root: Path, machine: str, commits: list[str],
+             rows: dict[str, dict[tuple[str, str, str], list]], spread: float = 0.001) -> None:
+    """`machine`'s results of `commits` (oldest first): rows maps a benchmark to {params:
+    [value per commit, None where that commit has none]}; a time_ value comes with samples
+    spread +-`spread` around it."""
+    columns = ("result", "params", "version", "started_at", "samples")
+    for at, commit in enumerate(commits):
+        found = {}
+        for name, series in rows.items():
+            present = {combo: values[at] for combo, values in series.items()
+                       if values[at] is not None}
+            if not present:
+                continue
+            params = [sorted({combo[k] for combo in present}) for k in range(3)]
+            combos = list(itertools.product(*params))
+            samples = [None if combo not in present else
+                       _samples(present[combo], spread)
+                       for combo in combos] if ".time_" in name else None
+            found[name] = [[present.get(combo) for combo in combos],
+                           [[repr(p) for p in values] for values in params], "1", at, samples]
+        fakes.asv_result_file(root, machine, commit, found, columns=columns, date=at + 1)
+
+
+def test_regression_thresholds_come_from_each_rows_measured_noise(tmp_path):
+    """A row's threshold: its own scatter between commits where it has enough of them, the
+    scatter of the rows that have where it has not, its samples' spread where that is wider,
+    the largest over machines; memory's is the gate's 1%; higher-is-better metrics get none
+    (asv would read their gains as regressions)."""
+    timed, memory, gbps = BENCHMARK, "benchmarks.Softmax.track_peak_memory", GBPS
+    commits = [f"{n:08x}" * 5 for n in range(1, 7)]  # asv names a file by 8 characters
+    wobbly = [100e-6, 102e-6] * 3  # +-2% back and forth on every commit
+    _history(tmp_path, "gpu", commits, {
+        timed: {("xla", "big", "fwd"): wobbly,
+                ("xla", "small", "fwd"): [None] * 4 + [5e-6, 5e-6],
+                ("xla", "shared", "fwd"): [None] * 5 + [7e-6]},
+        memory: {("xla", "big", "fwd"): [4096.0] * 6},
+        gbps: {("xla", "big", "fwd"): [900.0] * 6}})
+    _history(tmp_path, "gpu2", commits[-1:], {timed: {("xla", "shared", "fwd"): [7e-6]}},
+             spread=0.1)
+    found = asv_tools.regression_thresholds(tmp_path)
+
+    def row(*params: str, name: str = timed) -> asv_tools.Threshold:
+        return found[f"{name}({', '.join(repr(p) for p in params)})"]
+
+    big = row("xla", "big", "fwd")
+    assert big.gap > 0.05 and "its scatter between 6 commits" in big.why, big
+    assert row("xla", "small", "fwd").gap == big.gap, found  # too short: the pooled scatter
+    assert "the scatter between commits of the 1 rows" in row("xla", "small", "fwd").why
+    shared = row("xla", "shared", "fwd")  # the largest over machines: gpu2's wide samples
+    assert shared.gap > big.gap and shared.why.startswith("gpu2: sample spread"), shared
+    assert row("xla", "big", "fwd", name=memory).gap == asv_tools.DEFAULT_MIN_GAP
+    assert not [name for name in found if name.startswith(gbps)], found
