@@ -441,3 +441,94 @@ def test_regression_thresholds_come_from_each_rows_measured_noise(tmp_path):
     assert shared.gap > big.gap and shared.why.startswith("gpu2: sample spread"), shared
     assert row("xla", "big", "fwd", name=memory).gap == asv_tools.DEFAULT_MIN_GAP
     assert not [name for name in found if name.startswith(gbps)], found
+
+
+def test_every_page_opens_offline_on_data_with_a_clean_console(local_run, tmp_path):
+    """`make bench`'s dashboard (the shipped GPU results and a local run) in headless chromium:
+    the grid, a graph, the benchmark list and the regressions page each load (none left on
+    "Loading..."), write nothing to the console and ask for no file the folder lacks; each
+    shows what it should (PNGs and console logs under tmp_path, to look at)."""
+    combined = tmp_path / "combined"
+    dashboard.combine_results([dashboard.SHIPPED_RESULTS, local_run], combined)
+    html = dashboard.publish(combined, tmp_path / "html", repo=ROOT, branches=["HEAD"])
+    pages = dashboard.check_pages(html, tmp_path)
+    for name, (facts, content) in pages.items():
+        assert facts.problems() == [], (name, facts.problems(), content)
+        assert (tmp_path / f"{name}.png").is_file(), name
+    index = json.loads((html / "index.json").read_text())
+    assert dashboard.page_content("grid", pages["grid"][0].dom).startswith(
+        f"{len(index['benchmarks'])} benchmarks"), pages["grid"][1]
+    assert re.search(r" [1-9]\d* with a value", pages["list"][1]), pages["list"][1]
+    # The page lists what asv found, every one (the table's rows, nothing lost on the way).
+    found = len(json.loads((html / "regressions.json").read_text())["regressions"])
+    assert pages["regressions"][1].startswith(f"regressions listed: {found} on HEAD"), \
+        (found, pages["regressions"][1])
+    # The graph: the newest commit drawn (this checkout's, the local run) has its label, and
+    # no two labels overlap (a commit hash is 8 characters, under 60 pixels at flot's 12px).
+    graph = dashboard.graph_facts(pages["graph"][0].dom)
+    assert graph.drawn and graph.x_ticks, graph
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    assert graph.x_ticks[-1][1] == head[:8], graph.x_ticks
+    lefts = [left for left, _ in graph.x_ticks]
+    assert all(b - a >= 60 for a, b in itertools.pairwise(lefts)), graph.x_ticks
+
+
+def _first_parent_commits(count: int) -> list[str]:
+    """The newest `count` first-parent commits of this checkout's HEAD, oldest first."""
+    return subprocess.run(["git", "-C", str(ROOT), "rev-list", "--first-parent",
+                           f"--max-count={count}", "HEAD"], check=True, capture_output=True,
+                          text=True).stdout.split()[::-1]
+
+
+def test_the_regressions_page_lists_a_real_step_and_not_noise(tmp_path):
+    """Over real commits of this checkout, each row judged by its own noise, not asv's 5%: a
+    tight row that steps up 3% and stays there is listed; one that wobbles 10% on every
+    commit is not, nor a row of two commits 8% apart (too short to know its own noise, it
+    takes the wobbling row's); with no step anywhere the page says there is no regression."""
+    reason = dashboard.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    commits = _first_parent_commits(6)
+    if len(commits) < 6:
+        pytest.skip("needs 6 first-parent commits of HEAD (a shallow clone has fewer)")
+    cases = ["'step'", "'short'", "'wobbly'"]
+    listing = {BENCHMARK: {**_entry([["'xla'"], cases, ["'fwd'"]], "1"),
+                           "unit": "seconds", "type": "time"}}
+
+    def page(name: str, step: list[float], short: list[float | None]) -> tuple[str, list]:
+        results = tmp_path / name / "results"
+        _history(results, "gpu", commits, {BENCHMARK: {
+            ("xla", "step", "fwd"): step, ("xla", "short", "fwd"): short,
+            ("xla", "wobbly", "fwd"): [100e-6, 110e-6] * 3}})
+        (results / "benchmarks.json").write_text(json.dumps({**listing, "version": 2}))
+        html = dashboard.publish(results, tmp_path / name / "html", repo=ROOT,
+                                 branches=["HEAD"])
+        facts = dashboard.open_page(html, "regressions", tmp_path / f"{name}.png")
+        assert facts.problems() == [], facts.problems()
+        return (dashboard.page_content("regressions", facts.dom),
+                json.loads((html / "regressions.json").read_text())["regressions"])
+
+    content, found = page("step", [100e-6] * 3 + [103e-6] * 3, [None] * 4 + [100e-6, 108e-6])
+    assert [entry[0] for entry in found] == [f"{BENCHMARK}('xla', 'step', 'fwd')"], found
+    assert content == "regressions listed: 1 on HEAD", content
+    content, found = page("flat", [100e-6] * 6, [None] * 4 + [100e-6] * 2)
+    assert found == [] and content == 'regressions listed: 0 on HEAD ("No regression" said)', \
+        content
+
+
+def test_make_install_gets_every_script_asv_loads_from_a_cdn(monkeypatch):
+    """Every script and style sheet asv's index.html loads from a CDN has a local copy from a
+    Debian package (`make install` apt-gets those missing: --missing-packages), or, for flot's
+    orderBars alone, kernelperf.js's own; none is a stand-in for a library a page calls."""
+    asv_index = (Path(__import__("asv").__file__).parent / "www" / "index.html").read_text()
+    loaded = {match.group(2) for match in dashboard._CDN_TAG.finditer(asv_index)}
+    assert loaded == set(dashboard.VENDOR) | set(dashboard.SHIMS), loaded
+    assert set(dashboard.SHIMS) == {"jquery.flot.orderBars.js"}
+    assert dashboard.VENDOR["stupidtable.min.js"][0] == "libjs-jquery-stupidtable"
+    # Where the package's file is missing, make install is told to get that package.
+    wanted = dashboard.VENDOR["stupidtable.min.js"][1][0]
+    real = os.path.isfile
+    monkeypatch.setattr(os.path, "isfile", lambda path: path != wanted and real(path))
+    assert "libjs-jquery-stupidtable" in dashboard.missing_packages()
+    assert "libjs-jquery-stupidtable" in dashboard.APT_PACKAGES

@@ -48,6 +48,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -264,7 +265,7 @@ def _thresholds_summary(html_dir: Path) -> dict:
     gaps = sorted(entry["threshold"] for entry in found.values())
     return {"file": THRESHOLDS_NAME if path.is_file() else None, "rows": len(gaps),
             "min": gaps[0] if gaps else None, "max": gaps[-1] if gaps else None,
-            "median": gaps[len(gaps) // 2] if gaps else None,
+            "median": statistics.median(gaps) if gaps else None,
             "searched": list(asv_tools.REGRESSION_SEARCHED)}
 
 
@@ -568,6 +569,59 @@ def _chromium(url: str, *action: str, size: tuple[int, int], budget_ms: int,
     return result.stdout
 
 
+# The pages asv publishes, by the name check_pages gives them: the address fragment of each
+# (the graph page's is the benchmark's, DEFAULT_GRAPH unless told).
+DEFAULT_GRAPH = "benchmarks.Softmax.time_device"
+PAGES = {"grid": "", "graph": None, "list": "summarylist", "regressions": "regressions"}
+
+
+def page_content(name: str, dom: str) -> str:
+    """What one of PAGES shows, in a few words (what check_pages prints beside it)."""
+    if name == "grid":
+        tiles = dom.count('class="btn benchmark-container"')
+        drawn = len(re.findall(r'id="summarygrid-[^"]*" class="[^"]*"[^>]*>\s*<canvas', dom))
+        return f"{tiles} benchmarks, {drawn} tiles drawn in the window"
+    if name == "list":
+        rows = dom.count('<td class="value"')
+        valued = len(re.findall(r'<td class="value"[^>]*><span', dom))
+        return f"{rows} rows, {valued} with a value"
+    if name == "regressions":
+        found = re.search(r'id="regressions-body"[^>]*data-kernelperf="([^"]*)"', dom) or \
+            re.search(r'data-kernelperf="([^"]*)"[^>]*id="regressions-body"', dom)
+        if not found:
+            return "no regression table"
+        rows = json.loads(html.unescape(found.group(1)))["rows"]
+        none = " (\"No regression\" said)" if "kernelperf-none" in dom else ""
+        return "regressions listed: " + ", ".join(
+            f"{count} on {branch or 'the branch'}" for branch, count in rows.items()) + none
+    facts = graph_facts(dom)
+    return (f"{sum(points for _, points in facts.series)} points in {len(facts.series)} series, "
+            f"{facts.hidden_empty} without points left out; x ticks "
+            f"{', '.join(text for _, text in facts.x_ticks) or '-'}")
+
+
+def check_pages(html_dir: str | os.PathLike, out: str | os.PathLike | None = None, *,
+                graph: str = DEFAULT_GRAPH, size: tuple[int, int] = (1400, 900)
+                ) -> dict[str, tuple[PageFacts, str]]:
+    """Open every page asv publishes (PAGES) of a published dashboard in headless chromium;
+    per page, (what chromium saw, `page_content`). With `out`: <page>.png and
+    <page>.console.txt (its console messages and failed requests, or that there were none)
+    written there."""
+    found = {}
+    for name, page in PAGES.items():
+        page = graph if page is None else page
+        png = Path(out) / f"{name}.png" if out is not None else None
+        facts = open_page(html_dir, page, png, size=size)
+        found[name] = (facts, page_content(name, facts.dom))
+        if out is not None:
+            lines = [f"page: {facts.url}", *(f"console: {line}" for line in facts.console),
+                     *(f"request failed: {line}" for line in facts.failed)]
+            if not facts.console and not facts.failed:
+                lines.append("no console messages, no failed requests")
+            (Path(out) / f"{name}.console.txt").write_text("\n".join(lines) + "\n")
+    return found
+
+
 def page_url(base: str, benchmark: str, params: dict[str, str] | None = None) -> str:
     """The dashboard address of `benchmark`'s graph, e.g. benchmarks.Softmax.time_device."""
     query = "&".join(f"{key}={value}" for key, value in (params or {}).items())
@@ -651,6 +705,8 @@ class GraphFacts:
     series: tuple[tuple[str, int], ...] = ()
     hidden_empty: int = 0  # series of the selection without a point, left out
     axes: tuple[str, str] = ("", "")  # the x and y axis labels
+    # (left edge in pixels, text) of each x-axis tick label, left to right
+    x_ticks: tuple[tuple[int, str], ...] = ()
 
     @property
     def drawn(self) -> bool:
@@ -672,7 +728,16 @@ def graph_facts(dom: str) -> GraphFacts:
                      re.findall(r'class="legendLabel"[^>]*>(?:<span>)?([^<]*)<', dom)),
         series=tuple((s["label"], s["points"]) for s in drawn.get("series", [])),
         hidden_empty=drawn.get("hidden_empty", 0),
-        axes=(drawn.get("xaxis", ""), drawn.get("yaxis", "")))
+        axes=(drawn.get("xaxis", ""), drawn.get("yaxis", "")),
+        x_ticks=tuple(sorted((int(left), html.unescape(text)) for left, text in re.findall(
+            r'class="flot-tick-label[^"]*" style="[^"]*left: (\d+)px[^"]*">([^<]*)<',
+            _x_axis(graph)))))
+
+
+def _x_axis(graph: str) -> str:
+    """The part of a graph's DOM holding flot's x-axis labels."""
+    start = graph.find('class="flot-x-axis')
+    return graph[start:graph.find('class="flot-y-axis', start)] if start >= 0 else ""
 
 
 def series_pixels(png: str | os.PathLike) -> int:
@@ -757,6 +822,31 @@ def _screenshot_arguments(args: argparse.Namespace) -> tuple[str, tuple[int, int
     return benchmark, (int(width), int(height)), dict(p.split("=", 1) for p in args.param)
 
 
+def _check_pages_command(prog: str, args: argparse.Namespace) -> int:
+    if not (Path(args.check_pages) / "index.html").is_file():
+        print(f"{prog}: error: --check-pages: expected a published dashboard folder, got "
+              f"{args.check_pages!r}, which has no index.html", file=sys.stderr)
+        return 2
+    reason = unavailable_reason()
+    if reason:
+        print(reason, file=sys.stderr)
+        return 2
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    graph = args.graph if args.graph.startswith("benchmarks.") else f"benchmarks.{args.graph}"
+    failed = 0
+    for name, (facts, content) in check_pages(args.check_pages, args.out, graph=graph).items():
+        problems = facts.problems()
+        failed += bool(problems)
+        print(f"{name:12s} {'FAILED' if problems else 'ok':6s} #{facts.url.partition('#')[2]}: "
+              f"{content}")
+        for problem in problems:
+            print(f"    {problem}")
+    if args.out:
+        print(f"wrote {args.out}/<page>.png and <page>.console.txt")
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.bench.dashboard", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -777,6 +867,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="print the Debian packages this needs and lacks, then exit")
     parser.add_argument("--localize", metavar="HTML_DIR", help="only make an `asv publish` "
                         "output work offline, with kernelperf's views (`prepare`), then exit")
+    parser.add_argument("--check-pages", metavar="HTML_DIR", help="open every page of a "
+                        "published dashboard (grid, a graph, benchmark list, regressions) in "
+                        "headless chromium; exit 1 if one fails to load, logs to its console "
+                        "or asks for a file the folder lacks")
+    parser.add_argument("--graph", default=DEFAULT_GRAPH, help="the graph page --check-pages "
+                        f"opens (default {DEFAULT_GRAPH})")
+    parser.add_argument("--out", help="where --check-pages writes <page>.png and "
+                        "<page>.console.txt")
     parser.add_argument("--publish", metavar="HTML_DIR", help="publish the shipped results "
                         f"({SHIPPED_RESULTS.relative_to(ROOT)}) and this machine's "
                         f"({LOCAL_RESULTS.relative_to(ROOT)}) together into HTML_DIR, then exit")
@@ -795,6 +893,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.missing_packages:
         print(" ".join(missing_packages()))
         return 0
+    if args.check_pages:
+        return _check_pages_command(parser.prog, args)
     if args.localize:
         if not (Path(args.localize) / "index.html").is_file():
             print(f"{parser.prog}: error: --localize: expected an `asv publish` output folder, "
