@@ -468,13 +468,12 @@ def test_a_change_in_each_metric_reads_the_right_way_up(metric):
     assert (drop, rise) == ((good, bad) if lower else (bad, good)), metric
 
 
-def test_the_default_gap_is_the_readmes():
-    """README: each row's gap is "1% (`--min-gap`)" where the clock resolves it; the verdicts'
-    default gap must say the same."""
-    import re
+def test_the_default_gap_is_the_documented_one():
+    """The documents (README.md or docs/*.md): each row's gap is "1% (`--min-gap`)" where the
+    clock resolves it; the verdicts' default gap must say the same."""
+    from correctness_tests import documents
 
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-    (percent,) = re.findall(r"(\d+)% \(`--min-gap`\)", readme)
+    (percent,) = documents.sentence(r"(\d+)% \(`--min-gap`\)")
     assert asv_tools.DEFAULT_MIN_GAP == pytest.approx(int(percent) / 100)
 
 

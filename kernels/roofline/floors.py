@@ -95,7 +95,7 @@ def _floors(op: str, impls: str | tuple[str, ...], against: str, fraction: float
 # (2026-11-23, 2026-11-24), the device notes of 2026-11-24 ("same run, every
 # implementation by CUPTI"), issue 7's goals (kernels/profile/cuda_bench.py), issue 18's table.
 # "Run 1" is `pytest -m "gpu and perf"` of 2026-11-24 evening (CUPTI, every kernel and its
-# baselines in one process; perf_tests/results/archive/pytest_gpu/3-perf-run1-run2.log).
+# baselines in one process; pytest_gpu/3-perf-run1-run2.log on the `archive` branch).
 _H100_FLOORS = (
     # Softmax: bandwidth-bound at real size; 3.35 TB/s datasheet, 3.0 TB/s measured copy.
     *_floors("softmax", ("pallas", "triton", "cuda"), "roofline", 0.80,

@@ -616,7 +616,8 @@ SURVIVORS: dict[str, str] = {
         "longer than the read, which is cut anyway",
 }
 
-COPIED = ("correctness_tests", "perf_tests", "conftest.py", "asv.conf.json", "README.md")
+# README.md and docs/: the defaults' tests read the documents' sentences (wherever they stand).
+COPIED = ("correctness_tests", "perf_tests", "conftest.py", "asv.conf.json", "README.md", "docs")
 
 
 def mutmut_paths(target: Target) -> tuple[list[str], list[str]]:
@@ -668,12 +669,13 @@ def _prepare(target: Target, keep_results: bool = False) -> pathlib.Path:
     if _drop_stale_results(work, target, keep=keep_results):
         print(f"mutation: {target.name}: the tests or the code around the target changed; "
               f"every mutant runs again", file=sys.stderr)
-    for name in ("kernels", "correctness_tests", "perf_tests"):
+    for name in ("kernels", "correctness_tests", "perf_tests", "docs"):
         if (work / name).exists():
             shutil.rmtree(work / name)
         shutil.copytree(ROOT / name, work / name,
                         ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.o"))
-    # asv's tests find the project by its conf; the defaults' tests read the README's sentences.
+    # asv's tests find the project by its conf; the defaults' tests read the documents'
+    # sentences (README.md and docs/, copied above).
     for name in ("conftest.py", "asv.conf.json", "README.md"):
         shutil.copy2(ROOT / name, work / name)
     # mutmut's test processes put mutants/ on sys.path; made now, so it exists when they start.
