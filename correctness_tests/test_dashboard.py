@@ -318,6 +318,8 @@ def test_dashboard_metrics_survive_a_plain_asv_run(tmp_path):
     ([str(dashboard.SHIPPED_RESULTS), "Softmax.time_device", "--png", "x.png", "--param", "x"],
      "--param: expected KEY=VALUE"),
     (["perf_tests"], "results_dir, benchmark and --png: expected all three"),
+    (["--check-pages", "no/such/html"], "--check-pages: expected a published dashboard "
+     "folder, got 'no/such/html', which has no index.html and index.json"),
 ])
 def test_screenshot_mistakes_get_one_line(argv, line, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
@@ -532,3 +534,13 @@ def test_make_install_gets_every_script_asv_loads_from_a_cdn(monkeypatch):
     monkeypatch.setattr(os.path, "isfile", lambda path: path != wanted and real(path))
     assert "libjs-jquery-stupidtable" in dashboard.missing_packages()
     assert "libjs-jquery-stupidtable" in dashboard.APT_PACKAGES
+
+
+def test_check_pages_names_a_graph_the_dashboard_lacks_in_one_line(tmp_path, capsys):
+    (tmp_path / "index.html").write_text("<html></html>")
+    (tmp_path / "index.json").write_text(json.dumps({"benchmarks": {BENCHMARK: {}}}))
+    code = dashboard.main(["--check-pages", str(tmp_path), "--graph", "NoSuch.time_device"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, (code, err)
+    assert "--graph: expected one of the dashboard's benchmarks (Softmax.time_device), got " \
+           "'NoSuch.time_device'" in err[0], err
