@@ -89,15 +89,16 @@ def asv_timed(center: float, spread: float, n: int = 20, seed: int = 0):
 def asv_result_file(root: Path, machine: str, commit: str, rows: dict[str, list],
                     columns: tuple[str, ...] = ("result", "params", "version",
                                                 "started_at"),
-                    params: dict[str, str] | None = None) -> Path:
+                    params: dict[str, str] | None = None, date: int = 1) -> Path:
     """`commit`'s result file of `machine` in the asv results folder `root` (its
     machine.json too), as asv 0.6 stores it: `rows` maps a benchmark to its row, one entry
-    per name in `columns`; `params` are machine keys asv copied in beside the name."""
+    per name in `columns`; `params` are machine keys asv copied in beside the name; `date`
+    the commit's (ms, asv orders a machine's history by it)."""
     (root / machine).mkdir(parents=True, exist_ok=True)
     (root / machine / "machine.json").write_text(json.dumps({"machine": machine, "version": 1}))
     path = root / machine / f"{commit[:8]}-env.json"
     path.write_text(json.dumps({
-        "commit_hash": commit, "env_name": "env", "date": 1, "python": "3.12",
+        "commit_hash": commit, "env_name": "env", "date": date, "python": "3.12",
         "params": {"machine": machine, **(params or {})}, "requirements": {}, "env_vars": {},
         "durations": {},
         "version": 2, "result_columns": list(columns), "results": rows}))

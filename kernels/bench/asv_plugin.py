@@ -34,6 +34,7 @@ import sysconfig
 import time
 from pathlib import Path
 
+from asv import util as asv_util
 from asv.console import log
 from asv.machine import Machine
 from asv.plugins.virtualenv import Virtualenv
@@ -120,10 +121,36 @@ def same_commit_note(argv: list[str]) -> str | None:
             "Commit the change to gate it; `make noise-floor` compares runs of one commit.")
 
 
+# asv 0.6.6's util.human_value writes a unit only for "seconds" and "bytes": every other number
+# a benchmark declares a unit for (perf_tests/benchmarks.py: TFLOP/s, GB/s, ...) comes out bare,
+# as 0.13796688283128342, in asv's tables (run, show, continuous, compare) and its regressions
+# feed. This writes those with 3 significant digits and their unit.
+_UNITS_ASV_WRITES = ("seconds", "bytes")
+_HUMAN_VALUE = asv_util.human_value
+
+
+def human_value(value, unit, err=None) -> str:
+    """asv's util.human_value, with the unit written for every declared unit."""
+    if unit in _UNITS_ASV_WRITES or not unit or unit == "unit" or \
+            not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
+        return _HUMAN_VALUE(value, unit, err=err)
+    return f"{value:.3g}" + (f"±{err:.2g}" if err is not None else "") + f" {unit}"
+
+
+def _write_units() -> None:
+    """asv's number formatting replaced by `human_value`, where asv's modules bound it."""
+    from asv.commands import compare
+
+    asv_util.human_value = human_value
+    compare.human_value = human_value
+
+
 def setup() -> None:
-    """asv's plugin hook: name the machine by its device model unless asv was told one; for
-    `asv run` and `asv continuous`, print where the time went when asv exits; for `asv
-    continuous` of one commit against itself, say so before anything is built or measured."""
+    """asv's plugin hook: numbers written with their units (`human_value`); name the machine
+    by its device model unless asv was told one; for `asv run` and `asv continuous`, print
+    where the time went when asv exits; for `asv continuous` of one commit against itself,
+    say so before anything is built or measured."""
+    _write_units()
     command, given = _command_and_machine(sys.argv)
     if command == "continuous":
         note = same_commit_note(sys.argv)
