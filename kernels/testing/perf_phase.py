@@ -54,9 +54,10 @@ _LOCK_KEY = "kernelperf_device_lock"  # workerinput: the lock file's path
 _OUTPUT_KEY = "kernelperf_perf_phase"  # workeroutput: records and times
 _WORKER_NAME = "kernelperf-perf-phase-worker"
 _CONTROLLER_NAME = "kernelperf-perf-phase-controller"
-# Markers a non-performance item can carry (pytest.ini's markers but perf, readme and
-# item_limit): whether a -m expression can select a perf item is decided over them.
-_OTHER_MARKERS = ("gpu", "small", "cuda", "slow", "multi_gpu")
+# The markers a perf item may carry beside `perf` (kernels.testing.marks: never multi_gpu,
+# the perf items being one-device cases): whether a -m expression can select a perf item is
+# decided over them.
+_PERF_ITEM_MARKERS = ("gpu", "cuda")
 
 
 class DeviceLock:
@@ -122,8 +123,8 @@ def in_perf_group(item: pytest.Item | None) -> bool:
 
 
 def may_select_perf(markexpr: str) -> bool:
-    """Whether `-m markexpr` can select a perf item (marked `perf`, maybe with some of the
-    other markers): `-m gpu` can, `-m "gpu and not perf"` cannot. An expression pytest's
+    """Whether `-m markexpr` can select a perf item (marked `perf`, maybe `gpu` and `cuda`):
+    `-m gpu` can, `-m "gpu and not perf"` and `-m small` cannot. An expression pytest's
     parser (private) cannot read counts as selecting them: the phase is then set up for
     nothing, which costs one idle worker, while leaving it out would skip the perf items."""
     if not markexpr:
@@ -134,8 +135,8 @@ def may_select_perf(markexpr: str) -> bool:
         expression = Expression.compile(markexpr)
     except (ImportError, AttributeError, SyntaxError):
         return True
-    for count in range(len(_OTHER_MARKERS) + 1):
-        for names in itertools.combinations(_OTHER_MARKERS, count):
+    for count in range(len(_PERF_ITEM_MARKERS) + 1):
+        for names in itertools.combinations(_PERF_ITEM_MARKERS, count):
             marked = {"perf", *names}
             if expression.evaluate(lambda name, *_, _marked=marked, **__: name in _marked):
                 return True
@@ -356,22 +357,26 @@ def note_warm_up(config: pytest.Config, seconds: float, measurements: int) -> No
                        "warmed": worker.warm.get("warmed", 0) + measurements}
 
 
-@pytest.fixture
-def device_alone(request: pytest.FixtureRequest) -> bool:
-    """Whether this process has the device to itself for the test's body. Without xdist
+def take_device_alone(item: pytest.Item, config: pytest.Config) -> bool:
+    """Whether this process has the device to itself for `item`'s body. Without xdist
     workers it has; in a worker of a run with the device lock, once it holds the lock
     exclusive (this waits for every other worker to finish); in a worker without the lock,
     not. Only a perf item (the PERF_GROUP group) may ask: the lock goes back to shared after
     the last perf item of a stretch, which is how the other items are kept off the device."""
-    if not in_perf_group(request.node):
-        raise RuntimeError(f"{request.node.nodeid}: only perf items (xdist group "
-                           f"{PERF_GROUP!r}) may take the device alone; mark it "
-                           f"xdist_group({PERF_GROUP!r})")
-    worker = _worker(request.config)
+    if not in_perf_group(item):
+        raise RuntimeError(f"{item.nodeid}: only perf items (xdist group {PERF_GROUP!r}) may "
+                           f"take the device alone; mark it xdist_group({PERF_GROUP!r})")
+    worker = _worker(config)
     if worker is None:
         return environment.xdist_workers() <= 1
     worker.take_device()
     return True
+
+
+@pytest.fixture
+def device_alone(request: pytest.FixtureRequest) -> bool:
+    """`take_device_alone` for this test: True once it has the device to itself."""
+    return take_device_alone(request.node, request.config)
 
 
 # -- the scheduler ----------------------------------------------------------------------------
