@@ -117,8 +117,10 @@ def table_row(item_id: str, verdict: perfcheck.Verdict) -> tuple[str, ...]:
 @pytest.fixture
 def report_verdict(request: pytest.FixtureRequest, perf_session: perfcheck.PerfSession):
     """Adds (test id, verdict) to the end-of-run floor table, and the device to its line."""
-    config = request.config
+    return _reporter(request.config, perf_session)
 
+
+def _reporter(config: pytest.Config, perf_session: perfcheck.PerfSession):
     def report(item_id: str, verdict: perfcheck.Verdict) -> None:
         device = perf_session.device
         config.stash[VERDICTS].append(table_row(item_id, verdict))
