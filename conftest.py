@@ -12,9 +12,11 @@ Kernel items of one case share their inputs and reference (kernels.core.checking
 cache): they carry the case's xdist group and run back to back, one
 distribution at a time. On a GPU machine a plain `pytest` runs distributed over
 as many xdist workers as the GPU's memory holds (kernels/testing/scheduling.py), with
-`--dist loadgroup`; `-n N` asks for fewer, `-n 0` or KERNELPERF_TEST_WORKERS=0
-runs in one process. At the end the run prints where the kernel checks spent
-their time (kernels/testing/phases_plugin.py).
+`--dist loadgroup`, and one more for the perf items, which run on it with the
+device to themselves once the rest is done (kernels/testing/perf_phase.py; `-n
+auto` gets that worker too); `-n N` asks for fewer, `-n 0` or
+KERNELPERF_TEST_WORKERS=0 runs in one process. At the end the run prints where
+the kernel checks spent their time (kernels/testing/phases_plugin.py).
 """
 
 from __future__ import annotations
