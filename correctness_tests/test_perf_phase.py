@@ -317,8 +317,8 @@ KERNEL_IDS = [f"correctness_tests/test_kernels.py::test_matches_reference[softma
 OTHER_IDS = [f"correctness_tests/test_harness.py::test_{n}" for n in range(4)]
 
 
-def _schedule(scheduler, names):
-    collection = [*KERNEL_IDS, *OTHER_IDS, *PERF_IDS]
+def _schedule(scheduler, names, collection=(*KERNEL_IDS, *OTHER_IDS, *PERF_IDS)):
+    collection = list(collection)
     nodes = [_Node(name) for name in names]
     for node in nodes:
         scheduler.add_node(node)
@@ -345,6 +345,13 @@ def test_the_perf_group_goes_first_and_whole_to_a_worker_of_its_own(monkeypatch)
     assert sent[perf_phase.PERF_WORKER][0].sent == [
         [*KERNEL_IDS, *OTHER_IDS, *PERF_IDS].index(n) for n in PERF_IDS]
     assert not scheduler.workqueue
+
+
+def test_a_run_of_perf_items_alone_keeps_them_on_the_perf_worker(monkeypatch):
+    # One unit for two workers: xdist shuts the last one to join down unused.
+    sent = _schedule(_scheduler(monkeypatch, 2), ["gw1", perf_phase.PERF_WORKER],
+                     collection=PERF_IDS)
+    assert sent[perf_phase.PERF_WORKER][1] == PERF_IDS and sent["gw1"][1] == []
 
 
 def test_with_one_worker_the_perf_group_is_work_like_any_other(monkeypatch):

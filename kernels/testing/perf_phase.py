@@ -390,6 +390,16 @@ class PerfFirst:
 
     _perf_node = None
 
+    def schedule(self) -> None:
+        if self.collection is None:
+            # With fewer units than workers xdist shuts the last workers down unused: the perf
+            # worker goes first, so it is kept (a run of perf items alone still gets it).
+            perf = [node for node in self.assigned_work if node.gateway.id == PERF_WORKER]
+            if perf:
+                self.assigned_work = {perf[0]: self.assigned_work[perf[0]],
+                                      **self.assigned_work}
+        super().schedule()
+
     def _assign_work_unit(self, node) -> None:
         if self._perf_node is None and PERF_GROUP in self.workqueue and len(self.nodes) > 1:
             target = next((n for n in self.nodes if n.gateway.id == PERF_WORKER
