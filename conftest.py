@@ -35,15 +35,13 @@ environment.configure()
 # 32 items out of memory); the platform allocator hands memory back as arrays die, so the
 # workers together hold what is live, which is what the worker plan budgets. Set before
 # anything starts JAX's backend (collection does). A value the user set is kept. The perf
-# items' worker (kernels/testing/perf_phase.py) times kernels as one process does, with JAX's
-# default allocator, only not taking most of the GPU at start: it holds one perf case at a
-# time, and the plan keeps room for it.
+# items' worker (kernels/testing/perf_phase.py) times kernels with JAX's default allocator, as
+# `pytest -m perf` in one process does (preallocation is off on a GPU either way:
+# environment.configure): it holds one perf case at a time, and the plan keeps room for it.
 _SHARED_GPU = bool(os.environ.get("PYTEST_XDIST_WORKER")) and environment.nvidia_gpu_present()
-if _SHARED_GPU:
-    if os.environ["PYTEST_XDIST_WORKER"] == os.environ.get(environment.PERF_WORKER_VARIABLE):
-        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    else:
-        os.environ.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
+if _SHARED_GPU and os.environ["PYTEST_XDIST_WORKER"] != \
+        os.environ.get(environment.PERF_WORKER_VARIABLE):
+    os.environ.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
 
 # Without a GPU, most of the suite's time was XLA compiling for the CPU (74% of the kernel
 # checks' time in a cold run, 2026-11-26), and most of a compile is LLVM optimizing machine

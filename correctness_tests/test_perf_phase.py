@@ -395,3 +395,27 @@ def test_the_phase_line_names_the_serial_share_and_the_wait():
     assert line == ("kernelperf: perf phase: 90 perf items on gw0 held the device alone for "
                     "104.3 s, after waiting 180.0 s for the other workers to finish; meanwhile "
                     "it warmed up 185 measurements in 150.5 s")
+
+
+def test_on_a_shared_gpu_only_the_perf_worker_keeps_jaxs_default_allocator():
+    """conftest.py at import in an xdist worker on a GPU machine (faked): the platform
+    allocator for every worker but the perf worker, which allocates as one process does."""
+    script = f"""
+import importlib.util, os, sys
+sys.path.insert(0, {str(ROOT)!r})
+from kernels.core import environment
+environment.nvidia_gpu_present = lambda: True
+for worker in ("gw0", "gw3"):
+    os.environ.pop("XLA_PYTHON_CLIENT_ALLOCATOR", None)
+    os.environ.update(PYTEST_XDIST_WORKER=worker, {perf_phase.PERF_WORKER_VARIABLE}="gw0")
+    spec = importlib.util.spec_from_file_location("c_" + worker, {str(ROOT / "conftest.py")!r})
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    print(worker, os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR"))
+"""
+    env = {k: v for k, v in __import__("os").environ.items()
+           if not k.startswith(("PYTEST_XDIST", "XLA_PYTHON_CLIENT"))}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:2] == ["gw0 None", "gw3 platform"]
