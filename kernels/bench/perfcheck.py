@@ -33,9 +33,13 @@ from kernels.core import checking, devices, environment, fingerprint, registry, 
 from kernels.roofline import ceilings, floors, model
 
 # Seconds of sampling per measurement (wall time, flushes included): one timed point per
-# kernel and baseline, so the whole `-m "gpu and perf"` run stays a few minutes.
+# kernel and baseline. In `pytest -m gpu` the perf items sample alone on the device after
+# the rest of the run (kernels/testing/perf_phase.py), so the sampling is the run's serial
+# share: about 185 measurements on an H200, and 1.0 s each was most of the H100's 188 s warm
+# perf run. 0.5 s still holds 20 samples of the slowest kernel (a 7 ms attention backward
+# with its flushes) and hundreds of most others, far more than a floor's margin needs.
 BUDGET_VARIABLE = "KERNELPERF_PERF_BUDGET"
-GPU_BUDGET_S = 1.0
+GPU_BUDGET_S = 0.5
 CPU_BUDGET_S = 0.2
 # On CPU the kernels run interpreted (Pallas interpret mode, TRITON_INTERPRET), ms to
 # seconds per call: only these are timed there, enough to run every step (timing, roofline,
@@ -43,6 +47,11 @@ CPU_BUDGET_S = 0.2
 CPU_IMPLEMENTATIONS = frozenset({("softmax", "pallas")})
 CPU_MIN_SAMPLES = 10
 STORAGE_ROOT = ".benchmarks"
+# The perf items' test function (perf_tests/tests/test_performance.py): the xdist scheduler
+# finds them by it (conftest.py).
+PERF_TEST = "test_kernel_performance"
+# What writes a GPU model's floors (kernels.roofline.floors), named where a model has none.
+BRINGUP_COMMANDS = ("python -m kernels bringup", "make bringup")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +136,8 @@ class PerfSession:
         self._measurements: dict[tuple[str, str, str], timing.Measurement] = {}
         self._errors: dict[tuple[str, str, str], str] = {}
         self._inputs: tuple[tuple[str, str], tuple[np.ndarray, ...]] | None = None
+        self._warmed: set[tuple[str, str, str]] = set()
+        self.warm_up_errors: dict[tuple[str, str, str], str] = {}
 
     def _inputs_for(self, case: registry.Case) -> tuple[np.ndarray, ...]:
         key = (case.op, case.id)
@@ -135,6 +146,32 @@ class PerfSession:
             self._inputs = key, checking.make_inputs(registry.operation(case.op), case, 0,
                                                      "normal")
         return self._inputs[1]
+
+    def warm_up(self, impl: registry.Implementation, case: registry.Case,
+                direction: str) -> int:
+        """Run `impl` and the operation's baselines on `case` once each, untimed, where not
+        done yet this session: inputs made, programs compiled and autotuned, flush programs
+        too, so that their measurements later pay for sampling alone. Returns how many it ran.
+
+        A call that raises here is left for its measurement, which runs it again with the
+        device to itself and reports what it raises then (a warm-up beside other workers can
+        run out of memory where the measurement would not).
+        """
+        ran = 0
+        for peer in (impl, *baselines_for(impl, case, direction)):
+            key = (peer.id, case.id, direction)
+            if key in self._warmed or key in self._measurements:
+                continue
+            self._warmed.add(key)
+            try:
+                timeable = timing.prepare(peer, case, direction=direction,
+                                          inputs=self._inputs_for(case))
+                sampler, _ = timing.make_sampler(timeable, "cold", self.device)
+                sampler.take(1)
+            except Exception as error:  # noqa: BLE001 - measured again alone, reported there
+                self.warm_up_errors[key] = f"{type(error).__name__}: {error}"
+            ran += 1
+        return ran
 
     def measure(self, impl: registry.Implementation, case: registry.Case,
                 direction: str) -> timing.Measurement:
@@ -300,17 +337,40 @@ def judge(*, label: str, device: fingerprint.Fingerprint, measured: timing.Measu
                    value=value, floor=floor, **common)
 
 
-def parallel_reason() -> str | None:
-    """Why the device cannot be timed in this process: pytest-xdist workers share it, so a
-    kernel's time is not its own. Even alone, a worker's timings read off: a softmax its
-    profiler trace puts at 42 us read 47 us in one on an H100, twice (the workers' platform
-    allocator, conftest.py, is the likely cause). pytest-benchmark records nothing under
-    xdist either."""
+def parallel_reason(alone: bool = False) -> str | None:
+    """Why the device cannot be timed in this process: pytest-xdist workers share it and
+    this one does not hold it alone (`alone`: it holds the device lock of
+    kernels/testing/perf_phase.py exclusive, every other worker done), so a kernel's time
+    would not be its own."""
     workers = environment.xdist_workers()
-    if workers <= 1:
+    if workers <= 1 or alone:
         return None
-    return (f"{workers} pytest-xdist workers share the device, so timings are not the "
-            f"kernel's alone: `pytest -m perf` runs the perf tests in one process (or -n 0)")
+    return (f"{workers} pytest-xdist workers share the device and this one does not hold it "
+            f"alone (no device lock in this run: kernels/testing/perf_phase.py not loaded?), "
+            f"so timings would not be the kernel's: `pytest -m perf` runs the perf tests in "
+            f"one process (or -n 0)")
+
+
+def finding(*, device_name: str, platform: str, has_floors: bool,
+            statuses: Mapping[str, int], timed: str | None = None) -> str:
+    """The run's one line on what its perf items judged: on a GPU model without floors that
+    this is a finding (named, with the bring-up command), not a silent skip; on a CPU what
+    the run did instead; else how the verdicts went. `statuses`: verdict status -> count
+    (pass, fail, refused, skipped); `timed`: on a CPU, the kernels it timed."""
+    recorded = sum(statuses.values())
+    if platform != "gpu":
+        what = f"timed {timed} " if timed else ""
+        return (f"kernelperf: perf items on a CPU ({device_name}): {recorded} recorded, "
+                f"{what}with the host clock, not judged: floors are per GPU model")
+    if not has_floors:
+        commands = " or ".join(f"`{command}`" for command in BRINGUP_COMMANDS)
+        return (f"kernelperf: no performance floors for GPU model {device_name!r}: "
+                f"{recorded} perf items recorded, not judged; bring it up with {commands}")
+    counts = ", ".join(f"{statuses[status]} {word}" for status, word in
+                       (("pass", "passed"), ("fail", "under their floor"),
+                        ("refused", "refused"), ("skipped", "without a floor"))
+                       if statuses.get(status))
+    return f"kernelperf: perf items judged against the floors of {device_name!r}: {counts}"
 
 
 def compare_refusal(saved_extra: Mapping[str, Any], saved_device: Mapping[str, Any] | None,
