@@ -9,6 +9,7 @@ import dataclasses
 import json
 import pathlib
 import subprocess
+import sys
 
 import pytest
 
@@ -604,3 +605,169 @@ def test_a_gpu_of_another_vendor_is_refused_in_one_line_naming_it(monkeypatch, c
     status, out = _main(monkeypatch, capsys, nvidia=False, vendors=["AMD"])
     assert status == 2 and out.out == "" and out.err.count("\n") == 1
     assert "this machine's GPU is AMD, not NVIDIA (AMD EPYC 7B13): nothing brought up" in out.err
+
+
+# -- tune, noise and history, as their workers report -------------------------------------------
+
+class _StepWorkers(_Workers):
+    def _tune(self, command, only):
+        names = ["matmul/pallas_triton", "attention/pallas_mosaic"]
+        script = [(0, {"event": "items", "items": [{"id": n} for n in names]})]
+        for at, name in enumerate(n for n in names if only is None or n in only):
+            script += [(at * 20, {"event": "start", "id": name, "limit_s": 100}),
+                       (at * 20 + 19, {"event": "done", "id": name, "config": {"block_m": 128},
+                                       "time_ms": 1.5, "case": "bf16-x",
+                                       "path": f"kernels/ops/{name.split('/')[0]}/tuned.json"})]
+        return script, False
+
+    def _noise(self, command, only):
+        names = ["Matmul", "Softmax"]
+        script = [(0, {"event": "items", "items": [{"id": n} for n in names]})]
+        for at, name in enumerate(n for n in names if only is None or n in only):
+            script += [(at * 50, {"event": "start", "id": name, "limit_s": 100}),
+                       (at * 50 + 49, {"event": "done", "id": name, "commit": "c0ffee",
+                                       "floors": {f"benchmarks.{name}.time_device(a)": 0.02}})]
+        return script, False
+
+
+def test_tune_and_noise_record_what_each_worker_finished_and_go_on_after_a_cut(tmp_path,
+                                                                              data_root):
+    clock = fakes.Clock()
+    workers = _StepWorkers(clock)
+    cut = _context(tmp_path, data_root, workers, clock, deadline=clock.monotonic() + 30)
+    assert bringup.run(cut, ["tune", "noise"]) is False  # one kernel tuned, then the deadline
+    tune = modeldata.read("nvidia-h200", modeldata.BRINGUP, data_root)["session"]["tune"]
+    assert tune["matmul/pallas_triton"]["config"] == {"block_m": 128}
+    assert "attention/pallas_mosaic" not in tune
+    rest = _context(tmp_path, data_root, workers, clock)
+    assert bringup.run(rest, ["tune", "noise"]) is True
+    tune_onlys = [json.loads(pathlib.Path(c[c.index("--only") + 1]).read_text())
+                  for c in workers.commands if "tune" in c]
+    assert tune_onlys == [None, ["attention/pallas_mosaic"]]
+    shipped = modeldata.read("nvidia-h200", modeldata.NOISE_FLOORS, data_root)
+    assert shipped["device"] == "NVIDIA H200"
+    assert shipped["floors"] == {"benchmarks.Matmul.time_device(a)": 0.02,
+                                 "benchmarks.Softmax.time_device(a)": 0.02}
+    assert shipped["learned"]["benchmarks.Softmax.time_device(a)"]["commit"] == "c0ffee"
+    assert not (data_root / H100_KEY / "noise-floors.json").exists()
+
+
+def _result(root: pathlib.Path, machine: str, commit: str, classes: list[str]) -> None:
+    fakes.asv_result_file(root, machine, commit, {
+        f"benchmarks.{name}.time_device": [[1e-3, None], [["'a'", "'b'"]], "1", 1]
+        for name in classes})
+
+
+def test_complete_commits_are_those_with_every_class_any_commit_measured(tmp_path):
+    _result(tmp_path, "m", "a" * 40, ["Softmax", "Matmul"])
+    _result(tmp_path, "m", "b" * 40, ["Softmax"])
+    fakes.asv_result_file(tmp_path, "m", "c" * 40, {
+        "benchmarks.Matmul.time_device": [[None, None], [["'a'", "'b'"]], "1", 1],
+        "benchmarks.Softmax.time_device": [[1e-3], [["'a'"]], "1", 1]})
+    assert bringup.complete_commits(tmp_path / "m") == (1, 3, ["Matmul", "Softmax"])
+    assert bringup.complete_commits(tmp_path / "none") == (0, 0, [])
+
+
+class _History:
+    """asv's history run as a fake: fetch makes the worktree, run writes `per_run` new commits'
+    results (every class) into it."""
+
+    def __init__(self, clock, root: pathlib.Path, per_run: int):
+        self.clock, self.root, self.per_run, self.commands = clock, root, per_run, []
+        self.made = 0
+
+    def spawn(self, command, *, cwd, log):
+        self.commands.append(command)
+        worktree = self.root / ".asv" / "history"
+        if "fetch" in command:
+            (worktree / ".git").mkdir(parents=True, exist_ok=True)
+        else:
+            for _ in range(self.per_run):
+                self.made += 1
+                _result(worktree, "nvidia-h200", f"{self.made:08x}" + "0" * 32,
+                        ["Softmax", "Matmul"])
+            (worktree / "benchmarks.json").write_text('{"benchmarks.Softmax.time_device": {}}')
+        return _Process(self.clock, self.root / "unused.jsonl", [])
+
+    def signals(self, process, number):
+        process.signalled.append(number)
+
+
+def test_history_fills_the_shipped_results_to_the_commits_asked_for(tmp_path, data_root):
+    _git(tmp_path, "init", "-q", "-b", "main")
+    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+         "--allow-empty", "-m", "root")
+    shipped = tmp_path / "perf_tests/results/asv"
+    _result(shipped, "nvidia-h200", "f" * 40, ["Softmax"])  # a partial commit shipped before
+    clock = fakes.Clock()
+    history = _History(clock, tmp_path, per_run=2)
+    ctx = _context(tmp_path, data_root, history, clock, history_commits=3)
+    ctx.runner = bringup.Runner(clock=clock, spawn=history.spawn, signals=history.signals)
+    assert bringup.run(ctx, ["history"]) is True
+    assert bringup.complete_commits(shipped / "nvidia-h200")[:2] == (4, 5)
+    assert (tmp_path / ".asv/history/nvidia-h200" / ("f" * 8 + "-env.json")).exists()
+    runs = [c for c in history.commands if "run" in c]
+    # 1 complete of 1 first (the partial commit was all there was); then 2 of 3, the partial
+    # one no longer complete once Matmul is measured.
+    assert [c[c.index("--max-commits") + 1] for c in runs] == ["2", "1"]
+    assert all(c[c.index("--machine") + 1] == "nvidia-h200" for c in runs)
+    assert all(c[c.index("--bench") + 1] == "time_device" for c in runs)
+    assert json.loads((shipped / "benchmarks.json").read_text()) == {
+        "benchmarks.Softmax.time_device": {}}
+
+
+def test_history_needs_a_git_checkout_with_main(tmp_path, data_root):
+    ctx = _context(tmp_path, data_root, _Workers(fakes.Clock()), fakes.Clock())
+    with pytest.raises(ValueError, match="history: needs a git checkout with a branch main"):
+        bringup.run(ctx, ["history"])
+
+
+# -- the real pieces: a worker process, and the perf worker on this CPU ------------------------
+
+def test_a_real_worker_past_its_items_limit_is_ended_with_its_process_group(tmp_path):
+    journal = tmp_path / "w.jsonl"
+    script = ("import json, sys, time\n"
+              "open(sys.argv[1], 'a').write(json.dumps({'event': 'start', 'id': 'x', "
+              "'limit_s': 0.5}) + '\\n')\n"
+              "time.sleep(60)\n")
+    events = []
+    outcome = bringup.Runner().run([sys.executable, "-c", script, str(journal)], cwd=tmp_path,
+                                   log=tmp_path / "w.log", journal=journal,
+                                   on_event=events.append, deadline=None)
+    assert outcome.hung == "x" and outcome.limit_s == 0.5 and outcome.status is not None
+    assert outcome.seconds < 30 and events == [{"event": "start", "id": "x", "limit_s": 0.5}]
+
+
+def test_the_perf_worker_measures_this_cpus_items_interleaved(tmp_path, monkeypatch):
+    """The worker as the bring-up starts it, on the CPU's one timed kernel: its items listed,
+    then one item measured in two rounds against its baselines."""
+    from kernels import cli
+
+    items = [item for item in perfcheck.perf_items() if item.skip_reason is None]
+    assert items, "a CPU times at least one perf item"
+    journal, only = tmp_path / "perf.jsonl", tmp_path / "only.json"
+    only.write_text(json.dumps([items[0].id]))
+    status = cli.main(["bringup", "--worker", "perf", "--journal", str(journal), "--only",
+                       str(only), "--run", "1", "--rounds", "2", "--budget", "0.1"])
+    assert status == 0
+    events = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert [e["event"] for e in events] == ["items", "start", "done"]
+    listed = {e["id"]: e for e in events[0]["items"]}
+    assert set(listed) == {item.id for item in perfcheck.perf_items()}
+    assert listed[items[0].id]["limit_s"] > 0 and listed[items[0].id]["skip"] is None
+    done = events[2]
+    assert done["id"] == items[0].id and done["method"] == "host-clock"
+    assert len(done["rounds"]) == 2 and all(r["kernel"] > 0 for r in done["rounds"])
+    assert all(r["baselines"] for r in done["rounds"]) and done["bound"] is None
+
+
+def test_history_stops_when_asv_adds_no_commit(tmp_path, data_root):
+    _git(tmp_path, "init", "-q", "-b", "main")
+    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+         "--allow-empty", "-m", "root")
+    clock = fakes.Clock()
+    history = _History(clock, tmp_path, per_run=0)
+    ctx = _context(tmp_path, data_root, history, clock, history_commits=3)
+    ctx.runner = bringup.Runner(clock=clock, spawn=history.spawn, signals=history.signals)
+    with pytest.raises(RuntimeError, match="history: asv added no commit"):
+        bringup.run(ctx, ["history"])

@@ -947,9 +947,12 @@ def step_history(ctx: Context) -> bool:
                 f"{len(copied)} result file(s) copied into {shipped}")
         if outcome.cut:
             return False
-        if not copied:
-            raise RuntimeError(f"history: asv wrote no new result (exit {outcome.status}); see "
-                               f"{log}")
+        if complete_commits(shipped)[1] <= present:
+            # Nothing new (every commit of the window has a result, or none builds): running
+            # again would pick the same commits.
+            raise RuntimeError(f"history: asv added no commit (exit {outcome.status}); "
+                               f"{complete} of {ctx.history_commits} have every class; see "
+                               f"{log} (a wider --history-window offers more commits)")
     ctx.session["steps"]["history"] = {"done": _now(ctx.clock), "complete": complete}
     return True
 
