@@ -316,6 +316,16 @@ def test_the_review_diff_shows_changed_and_new_data_files_and_only_names_results
     assert '+{"bandwidth": 4.1}' in text
     assert "perf_tests/results/asv/nvidia-h200/abc-env.json" in text
     assert "of numbers" not in text
+    tuned, code = tmp_path / "kernels/ops/matmul/tuned.json", tmp_path / "kernels/ops/matmul/x.py"
+    tuned.parent.mkdir(parents=True)
+    tuned.write_text("{}\n")
+    code.write_text("A = 1\n")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "ops")
+    tuned.write_text('{"nvidia-h200": {}}\n')
+    code.write_text("A = 2\n")
+    text = bringup.review_diff(tmp_path, bringup.data_paths("nvidia-h200", tmp_path))
+    assert '+{"nvidia-h200": {}}' in text and "A = 2" not in text  # tuned configs, not code
     plain = tmp_path.with_name(tmp_path.name + "-plain")
     plain.mkdir()
     assert bringup.review_diff(plain, paths) == (

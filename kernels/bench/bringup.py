@@ -331,7 +331,7 @@ def data_paths(model: str, root: pathlib.Path) -> list[pathlib.Path]:
     """The files and folders a bring-up of `model` writes, relative to the checkout `root`."""
     models = modeldata.ROOT.relative_to(root) if modeldata.ROOT.is_relative_to(root) \
         else pathlib.Path("kernels/models")
-    return [models / model, pathlib.Path("kernels/ops"),
+    return [models / model, pathlib.Path("kernels/ops/*/tuned.json"),
             pathlib.Path("perf_tests/results/asv") / model,
             pathlib.Path("perf_tests/results/asv/benchmarks.json")]
 

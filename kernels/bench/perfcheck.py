@@ -400,10 +400,10 @@ def judge(*, label: str, device: fingerprint.Fingerprint, measured: timing.Measu
             why = (f"floors are per GPU model; this is a CPU ({device_name}): numbers recorded "
                    f"with the host clock, floor check skipped")
         elif has_floors:
-            why = f"no floor for {label} on {device_name} (add one to kernels/roofline/floors.py)"
+            why = f"no floor for {label} on {device_name} (add one: python -m kernels bringup)"
         else:
-            why = (f"no floors for GPU model {device_name!r} in kernels/roofline/floors.py: "
-                   f"numbers recorded, floor check skipped")
+            why = (f"no floors for GPU model {device_name!r} (python -m kernels bringup writes "
+                   f"kernels/models/{device.model}/): numbers recorded, floor check skipped")
         return Verdict(status="skipped", message="\n".join([why, *lines]), **common)
     if device.platform == "gpu" and measured.method == "host-clock":
         # Host time on a GPU counts dispatch and Python (a 1.8 us kernel read 38.9 us): a

@@ -113,16 +113,22 @@ def cmd_bringup(args: argparse.Namespace) -> int:
         history_commits=args.history_commits, history_window=args.history_window,
         history_bench=args.history_bench, noise_runs=args.noise_runs,
         log=lambda line: print(line, flush=True))
+    failure = None
     try:
         finished = bringup.run(ctx, args.steps, restart=args.restart)
     except ValueError as error:  # a step's precondition (history without git, floors first)
         raise validation.UserError(str(error)) from None
+    except RuntimeError as error:  # a step that failed; what it and the others did is kept
+        finished, failure = False, str(error)
     print("\n== what was written (git diff of the data files)", flush=True)
     print(bringup.review_diff(root, bringup.data_paths(ctx.model, root)))
     lines = ctx.session["steps"].get("floors", {}).get("table")
     if lines:
         print(f"\n== floors of {ctx.device} (this session)")
         print("\n".join(lines))
+    if failure:
+        print(f"kernels bringup: failed: {failure}", file=sys.stderr, flush=True)
+        return 1
     if not finished:
         print("kernels bringup: not finished (the deadline); run it again to go on",
               flush=True)
