@@ -113,7 +113,7 @@ def test_a_floors_file_in_another_models_folder_is_refused(tmp_path):
         floors.load(tmp_path)
 
 
-def test_reload_refreshes_the_table_in_place(tmp_path, monkeypatch):
+def test_reload_refreshes_the_floor_table_in_place(tmp_path, monkeypatch):
     table = floors.FLOORS
     monkeypatch.setattr(floors, "FLOORS", dict(table))
     same = floors.FLOORS
@@ -122,7 +122,7 @@ def test_reload_refreshes_the_table_in_place(tmp_path, monkeypatch):
     assert set(same) == {"NVIDIA H200"} and floors.table(H100) is None
 
 
-def test_the_longest_case_wins_where_one_case_id_contains_another(monkeypatch):
+def test_the_floor_naming_the_longest_case_wins_where_one_case_id_contains_another(monkeypatch):
     fields = dict(op="attention", impl="triton", against="baseline", reason="r",
                   direction="fwd")
     plain = floors.Floor(**fields, fraction=0.8, case="bf16-4x4096x16x128")

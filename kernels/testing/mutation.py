@@ -106,6 +106,8 @@ TARGETS = (
                                      "kernels/roofline/ceilings.py"),
            tests=("correctness_tests/test_roofline_model.py",
                   "correctness_tests/test_measurement.py", "perf_tests/tests/test_perfcheck.py",
+                  # The floors' data files (kernels/models/) and the shipped ceilings.
+                  "correctness_tests/test_model_data.py",
                   # Not the roofline chart's test (1.5 s, matplotlib): the other tests alone
                   # kill all 139 killed mutants of place, the ceilings and the datasheet that it
                   # reaches (2026-11-27); it checks report.py's drawing, not these numbers.
