@@ -9,6 +9,7 @@ PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 BASE ?= main
 
 .PHONY: install test lint pytest readme-check test-gpu cuda list bench bench-compare noise-floor dashboard clean \
+	bringup \
 	mutation gpu-sweep \
 	dashboard-deps dashboard-screenshot \
 	roofline plot-roofline verify-timing ceilings
@@ -118,6 +119,14 @@ bench-compare:
 RUNS ?= 3
 noise-floor:
 	$(PY) -m kernels noise-floor --runs $(RUNS) $(if $(BENCH),--bench $(BENCH))
+
+# On a GPU: bring the GPU model in hand up as data (docs/bringup.md): its ceilings, perf floors,
+# tuned configs, noise floors and asv history, written under kernels/models/<model>/ (and
+# tuned.json, perf_tests/results/asv/<model>/), then the diff to review. STEPS="perf floors"
+# narrows it; BRINGUP_ARGS="--deadline 540" stops in time and a re-run goes on where it stopped.
+BRINGUP_ARGS ?=
+bringup:
+	$(PY) -m kernels bringup $(if $(STEPS),--steps $(STEPS)) $(BRINGUP_ARGS)
 
 # The local copies of asv's CDN scripts (make dashboard-deps), so the page works offline too.
 DASHBOARD_PORT ?= 8080

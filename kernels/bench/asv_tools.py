@@ -651,7 +651,23 @@ def _floors_file(machine: str, results_dir: str) -> dict:
 
 
 def load_floors(machine: str, results_dir: str = ".asv/results") -> dict[str, float]:
-    return _floors_file(machine, results_dir)["floors"]
+    """This machine's noise floors; where it has learned none, those the repository ships for
+    its model (kernels/models/<machine>/noise-floors.json, written by `python -m kernels
+    bringup` on that model), never another model's; {} where neither is."""
+    if floors_path(machine, results_dir).exists():
+        return _floors_file(machine, results_dir)["floors"]
+    return shipped_floors(machine)
+
+
+def shipped_floors(machine: str, root: Path | None = None) -> dict[str, float]:
+    """The noise floors shipped for the asv machine `machine` (a one-GPU machine is named by
+    its model), or {}."""
+    from kernels.core import fingerprint, modeldata
+
+    if fingerprint.normalise(machine) != machine:
+        return {}
+    data = modeldata.read(machine, modeldata.NOISE_FLOORS, root)
+    return dict(data["floors"]) if data else {}
 
 
 def learn_floors(revision: str, runs: int, *, bench_regex: str | None = None,

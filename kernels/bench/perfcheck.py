@@ -11,6 +11,12 @@ Measurements taken by different methods ("cupti", "cuda-events",
 "host-clock") are never compared; where a floor needs a baseline and none was
 timed by the kernel's method, the verdict is a refusal that names both.
 
+`interleave` (and `PerfSession.measure_interleaved`) times a kernel and its baselines in
+rounds, kernel and baselines alternating (K B1 B2, B2 B1 K, K B1 B2, ...), every sampler made
+and warmed up once, so a throttled or busy stretch moves both sides of a ratio rather than
+one: each round gives its own ratio, and their spread is what a floor's margin is taken
+from (`python -m kernels bringup`, kernels.bench.bringup).
+
 pytest-benchmark records each measurement with device time as its clock:
 `record` replays the measurement's samples through `benchmark.pedantic`, one
 round per sample, with `device_time` as the timer (a clock that advances only
@@ -24,7 +30,8 @@ import dataclasses
 import functools
 import math
 import os
-from collections.abc import Mapping
+import statistics
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -138,6 +145,7 @@ class PerfSession:
         self._inputs: tuple[tuple[str, str], tuple[np.ndarray, ...]] | None = None
         self._warmed: set[tuple[str, str, str]] = set()
         self.warm_up_errors: dict[tuple[str, str, str], str] = {}
+        self._interleaved: dict[tuple[str, str, str, int], Interleaved] = {}
 
     def _inputs_for(self, case: registry.Case) -> tuple[np.ndarray, ...]:
         key = (case.op, case.id)
@@ -202,6 +210,138 @@ class PerfSession:
             except Exception as error:  # reported in the verdict and extra_info, never hidden
                 self._errors[key] = errors[peer.name] = f"{type(error).__name__}: {error}"
         return measured, errors
+
+
+    def measure_interleaved(self, impl: registry.Implementation, case: registry.Case,
+                            direction: str, rounds: int = 3,
+                            sampler_for: Callable[..., Any] | None = None) -> Interleaved:
+        """`impl` and the operation's baselines on `case`, timed interleaved (`interleave`),
+        once per session. A baseline that cannot be prepared or timed is left out and named
+        in `errors` (where a floor then has no baseline to compare with, the verdict is a
+        refusal); the kernel's own failure raises."""
+        key = (impl.id, case.id, direction, rounds)
+        if key not in self._interleaved:
+            inputs = self._inputs_for(case)
+            timeables = {impl.name: timing.prepare(impl, case, direction=direction,
+                                                    inputs=inputs)}
+            errors = {}
+            for peer in baselines_for(impl, case, direction):
+                try:
+                    timeables[peer.name] = timing.prepare(peer, case, direction=direction,
+                                                          inputs=inputs)
+                except Exception as error:  # the peer's problem, named in the verdict
+                    errors[peer.name] = f"{type(error).__name__}: {error}"
+            self._interleaved[key] = interleave(
+                timeables, first=impl.name, rounds=rounds, rule=self.rule, device=self.device,
+                sampler_for=sampler_for or timing.make_sampler, errors=errors)
+        return self._interleaved[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class Interleaved:
+    """A kernel and its baselines timed in alternating rounds (`interleave`).
+
+    name: the kernel's implementation name. kernel / baselines: each one's samples of every
+    round as one Measurement. rounds: per round, implementation name -> the median of its
+    samples in that round (the kernel's under `name`). errors: baseline name -> the error
+    that left it out.
+    """
+
+    name: str
+    kernel: timing.Measurement
+    baselines: dict[str, timing.Measurement]
+    rounds: tuple[dict[str, float], ...]
+    errors: dict[str, str]
+
+    def ratios(self, peer: str | None = None) -> tuple[float | None, ...]:
+        """Per round, a baseline's median over the kernel's (above 1: ours is faster):
+        `peer`'s, or else the fastest baseline of that round timed by the kernel's clock;
+        None for a round without it."""
+        same = {name for name, m in self.baselines.items() if m.method == self.kernel.method}
+        wanted = same & {peer} if peer else same
+        found = []
+        for medians in self.rounds:
+            peers = [medians[name] for name in wanted if name in medians]
+            found.append(min(peers) / medians[self.name] if peers else None)
+        return tuple(found)
+
+
+def _round_rule(rule: timing.StoppingRule, rounds: int) -> timing.StoppingRule:
+    """One round's share of `rule`: its wall-time budget and minimum sample count split over
+    `rounds` (at least 3 samples a round, so each round has a median of its own)."""
+    return dataclasses.replace(rule, time_budget_s=rule.time_budget_s / rounds,
+                               min_samples=max(3, math.ceil(rule.min_samples / rounds)),
+                               min_time_s=rule.min_time_s / rounds)
+
+
+def interleave(timeables: Mapping[str, timing.Timeable], *, first: str, rounds: int,
+               rule: timing.StoppingRule, device: fingerprint.Fingerprint,
+               regime: str = "cold", sampler_for: Callable[..., Any] = timing.make_sampler,
+               errors: Mapping[str, str] | None = None) -> Interleaved:
+    """Time `timeables` (name -> Timeable; `first` is the kernel, the rest its baselines) in
+    `rounds` rounds: every sampler is made and warmed up once, then each round takes one
+    batch from each, by `rule`'s per-round share (`_round_rule`), in an order that reverses
+    every round (K B1 B2, B2 B1 K, ...) so that a clock drifting one way over the rounds
+    weighs on both sides alike. A baseline that raises is dropped with its error; the
+    kernel's error propagates. `sampler_for`: timing.make_sampler (tests give fakes)."""
+    if rounds < 1:
+        raise ValueError(f"rounds: expected at least 1, got {rounds}")
+    if first not in timeables:
+        raise ValueError(f"first: expected one of {sorted(timeables)}, got {first!r}")
+    failed = dict(errors or {})
+    samplers, methods = {}, {}
+
+    def drop(name: str, error: Exception) -> None:
+        if name == first:
+            raise error
+        failed[name] = f"{type(error).__name__}: {error}"
+        samplers.pop(name, None)
+
+    for name, timeable in timeables.items():
+        try:
+            samplers[name], methods[name] = sampler_for(timeable, regime, device)
+            samplers[name].take(timing.WARMUP_CALLS)  # compiles and warms up, untimed
+            samplers[name].reset()
+        except Exception as error:  # a baseline's failure is named, the kernel's raised
+            drop(name, error)
+    per_round = _round_rule(rule, rounds)
+    taken: dict[str, list[float]] = {name: [] for name in samplers}
+    reasons: dict[str, set[str]] = {name: set() for name in samplers}
+    medians: list[dict[str, float]] = []
+    order = [first, *(name for name in timeables if name != first)]
+    for index in range(rounds):
+        this_round = {}
+        for name in order if index % 2 == 0 else order[::-1]:
+            if name not in samplers:
+                continue
+            try:
+                samples, reason = timing.collect(samplers[name], per_round)
+            except Exception as error:  # noqa: BLE001 - a baseline's failure is named
+                drop(name, error)
+                continue
+            taken[name] += samples
+            reasons[name].add(reason)
+            this_round[name] = statistics.median(samples)
+        medians.append(this_round)
+    measured = {}
+    for name, sampler in samplers.items():
+        identity = device.to_dict()
+        identity["clocks_before"] = dataclasses.asdict(sampler.first_clocks) \
+            if sampler.first_clocks else None
+        identity["clocks_after"] = dataclasses.asdict(sampler.last_clocks) \
+            if sampler.last_clocks else None
+        stop = next((r for r in ("time-budget", "max-samples") if r in reasons[name]),
+                    "converged")
+        measured[name] = timing.Measurement.from_samples(
+            taken[name], clocks=sampler.clocks, throttled=sampler.throttled,
+            label=timeables[name].label, method=methods[name], regime=regime,
+            stop_reason=stop, fingerprint=identity)
+    return Interleaved(
+        name=first, kernel=measured.pop(first),
+        baselines=measured,
+        rounds=tuple({name: value for name, value in medians_.items() if name in samplers}
+                     for medians_ in medians),
+        errors={name: error for name, error in failed.items() if name not in samplers})
 
 
 def placements(impl: registry.Implementation, case: registry.Case, direction: str,
@@ -297,10 +437,10 @@ def judge(*, label: str, device: fingerprint.Fingerprint, measured: timing.Measu
             why = (f"floors are per GPU model; this is a CPU ({device_name}): numbers recorded "
                    f"with the host clock, floor check skipped")
         elif has_floors:
-            why = f"no floor for {label} on {device_name} (add one to kernels/roofline/floors.py)"
+            why = f"no floor for {label} on {device_name} (add one: python -m kernels bringup)"
         else:
-            why = (f"no floors for GPU model {device_name!r} in kernels/roofline/floors.py: "
-                   f"numbers recorded, floor check skipped")
+            why = (f"no floors for GPU model {device_name!r} (python -m kernels bringup writes "
+                   f"kernels/models/{device.model}/): numbers recorded, floor check skipped")
         return Verdict(status="skipped", message="\n".join([why, *lines]), **common)
     if device.platform == "gpu" and measured.method == "host-clock":
         # Host time on a GPU counts dispatch and Python (a 1.8 us kernel read 38.9 us): a

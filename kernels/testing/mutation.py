@@ -106,13 +106,22 @@ TARGETS = (
                                      "kernels/roofline/ceilings.py"),
            tests=("correctness_tests/test_roofline_model.py",
                   "correctness_tests/test_measurement.py", "perf_tests/tests/test_perfcheck.py",
+                  # The floors' data files (kernels/models/) and the shipped ceilings.
+                  "correctness_tests/test_model_data.py",
                   # Not the roofline chart's test (1.5 s, matplotlib): the other tests alone
                   # kill all 139 killed mutants of place, the ceilings and the datasheet that it
                   # reaches (2026-11-27); it checks report.py's drawing, not these numbers.
                   "-k", "(place or roof or ceiling or datasheet or floor) and not roofline_chart"),
            preload_package=False),  # the datasheet and the floor tables are built at import
     Target(name="perfcheck", modules=("kernels/bench/perfcheck.py",),
-           tests=("perf_tests/tests/test_perfcheck.py",)),
+           tests=("perf_tests/tests/test_perfcheck.py",
+                  # The interleaved measurement's own tests (the bring-up's file holds them).
+                  *(f"correctness_tests/test_bringup.py::{name}" for name in (
+                      "test_interleaved_rounds_keep_a_throttled_stretch_out_of_the_ratio",
+                      "test_each_round_reverses_the_order_after_one_warm_up_each",
+                      "test_a_failing_baseline_is_named_and_dropped_and_a_failing_kernel_raises",
+                      "test_a_baseline_of_another_clock_is_never_a_ratios_peer",
+                      "test_a_perf_session_measures_an_item_interleaved_once")))),
     # Forked from mutmut's own process (a tenth of a second a mutant, against the fork
     # server's half): none of its tests compiles a JAX program.
     Target(name="asv-verdicts", modules=("kernels/bench/asv_tools.py",),
