@@ -38,8 +38,10 @@ class Floor:
 
     against: "roofline" (placement under the datasheet roofs) or "baseline"
         (best baseline's median time over ours, same run, same clock).
-    baseline: for against="baseline", the one peer to compare with (e.g. torch's
-        float32 GEMM for an FP32 kernel, where XLA uses TF32); None: the best.
+    baseline: for against="baseline", the one peer to compare with; None: the best baseline
+        of the kernel's precision (an FP32 kernel's is torch's FP32 GEMM, never XLA's TF32
+        one: `perfcheck.judge` compares one precision only and refuses a named peer of
+        another).
     direction: "fwd", "bwd", or None for both.
     case: a substring of the case id (e.g. "256x1024"), or None for every case.
     """
@@ -165,7 +167,7 @@ _H100_FLOORS = (
              "cuda_wgmma)"),
     *_floors("matmul", "cuda_sgemm", "baseline", 0.65,
              "FP32 FFMA: 0.82-0.83x torch's float32 GEMM (TF32 off; XLA's f32 uses TF32 "
-             "tensor cores, no peer for it); issue 7 goal 0.6x", baseline="torch"),
+             "tensor cores, no peer for it); issue 7 goal 0.6x"),
     # f32 4096^3, TF32 dots against XLA's TF32: CUPTI, two runs (2026-11-24), 0.19/0.23x
     # (pallas_triton fwd/bwd) and 0.13/0.155x (triton). Far below the 16-bit ratios: the
     # tiles are sized for 16-bit operands (a known gap, issue 7's follow-up); the floors
