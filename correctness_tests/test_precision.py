@@ -271,3 +271,26 @@ def test_track_speedup_is_over_the_best_baseline_of_the_kernels_precision(monkey
     monkeypatch.delattr(benchmarks.registry, "precision_of")
     assert sgemm.track_speedup() == pytest.approx(345 / 3256)
     assert math.isnan(_dashboard_benchmark(monkeypatch, records, "xla")[1].track_speedup())
+
+
+def test_an_operation_with_dots_needs_a_tolerance_that_grows_with_the_rounding():
+    """Planted: a tolerance that ignores `rounding` would hold a TF32 kernel to float32's."""
+    import dataclasses
+
+    matmul = registry.operation("matmul")
+    registry._check_dot_tolerance(matmul)
+    flat = dataclasses.replace(matmul, tolerance=lambda case, rounding=0.0: 1e-5)
+    with pytest.raises(ValueError, match=r"^matmul.tolerance: expected a tolerance that grows "
+                                         r"with the operands' rounding .*, got 1.000e-05 "
+                                         r"either way$"):
+        registry._check_dot_tolerance(flat)
+
+
+def test_kernels_list_shows_each_implementations_float32_precision(capsys):
+    from kernels.cli import check
+
+    assert check.cmd_list(None) == 0
+    rows = {tuple(line.split()[:2]): line.split()[4] for line in capsys.readouterr().out.split("\n")
+            if len(line.split()) > 4 and line.split()[0] in ("matmul", "softmax")}
+    assert (rows["matmul", "triton"], rows["matmul", "torch"], rows["matmul", "cuda_mma"],
+            rows["softmax", "pallas"]) == ("TF32/FP32", "FP32", "-", "FP32")
