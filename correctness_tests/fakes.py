@@ -1,6 +1,6 @@
 """Made-up things the tests share, so that none needs the real one: a GPU's fingerprint and
-machines, an array-like with only a shape, a softmax with a planted gradient error, and asv
-results (values, and a results folder as asv writes it).
+machines, an array-like with only a shape, a softmax with a planted gradient error, a matmul
+that runs in TF32 on a CPU, and asv results (values, and a results folder as asv writes it).
 
 Not a test module (pytest collects test_*.py only); the tests import it as
 `from correctness_tests import fakes`. Third-party packages (jax, asv) are imported where
@@ -66,6 +66,32 @@ def softmax_with_scaled_gradient(scale: float):
 
     softmax.defvjp(forward, backward)
     return softmax
+
+
+def to_tf32(x):
+    """float32 `x` rounded to TF32's 10 mantissa bits (to nearest, ties to even), as float32:
+    what tensor cores read of a float32 operand in TF32 mode (jnp, so it runs under jit)."""
+    import jax
+    import jax.numpy as jnp
+
+    bits = jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.float32), jnp.uint32)
+    dropped = 23 - 10
+    odd = (bits >> dropped) & 1  # ties to even: round up a half only onto an even result
+    rounded = (bits + (1 << (dropped - 1)) - 1 + odd) & ~jnp.uint32((1 << dropped) - 1)
+    return jax.lax.bitcast_convert_type(rounded, jnp.float32)
+
+
+def tf32_matmul(a, b):
+    """a @ b with both operands rounded to TF32 and float32 products and sums: a matmul that
+    runs in TF32, on a CPU. Differentiable: the rounding passes gradients straight through,
+    so the backward's products see one rounded operand each, as a TF32 backward's do."""
+    import jax
+    import jax.numpy as jnp
+
+    def rounded(x):
+        return x + jax.lax.stop_gradient(to_tf32(x) - x)
+
+    return jnp.matmul(rounded(a), rounded(b), precision=jax.lax.Precision.HIGHEST)
 
 
 def asv_result(samples: list[float]):

@@ -201,7 +201,8 @@ def test_each_item_gets_the_kind_of_floor_its_measurements_call_for():
     assert bringup.choose_kind(SOFTMAX_SMALL, small, None) == ("baseline", None)
     compute = [_record(1e-3, {"xla": 1e-3}, 0.9, bound="compute")] * 2
     assert bringup.choose_kind(SOFTMAX_BIG, compute, None) == ("baseline", None)
-    assert bringup.choose_kind(SGEMM, compute, None) == ("baseline", "torch")
+    # No peer named: the rounds hold the baselines of the kernel's precision only.
+    assert bringup.choose_kind(SGEMM, compute, None) == ("baseline", None)
     old = floors.Floor(op="softmax", impl="pallas", against="baseline", fraction=0.5,
                        reason="reviewed")
     assert bringup.choose_kind(SOFTMAX_BIG, big, old) == ("baseline", None)
@@ -247,8 +248,8 @@ def test_no_floor_without_two_runs_or_a_same_clock_peer_and_it_says_why():
                                 {"failed": "RuntimeError: out of memory"}])
     assert one.status == "none" and "measured in 1 run(s)" in one.why
     assert "out of memory" in one.why
-    lonely = _decide(SGEMM, [_record(1e-3, {"xla": 1e-3}, None, bound="compute")] * 2)
-    assert lonely.status == "none" and "baseline torch" in lonely.why
+    lonely = _decide(SGEMM, [_record(1e-3, {}, None, bound="compute")] * 2)
+    assert lonely.status == "none" and "a baseline of its precision timed by cupti" in lonely.why
     mixed = _decide(SOFTMAX_BIG, [_record(1e-3, {}, 0.9),
                                   _record(1e-3, {}, 0.9, method="cuda-events")])
     assert mixed.status == "none" and "different clocks" in mixed.why
@@ -436,8 +437,10 @@ def _values(scale: float = 1.0) -> dict:
                                 "2": (3.0e-4, {"xla": 3.2e-4}, 0.86 * scale)},
             SOFTMAX_SMALL["id"]: {"1": (2.0e-6 / scale, {"xla": 2.6e-6}, 0.3),
                                   "2": (2.0e-6 / scale, {"xla": 2.5e-6}, 0.3)},
-            SGEMM["id"]: {"1": (3.2e-3 / scale, {"torch": 2.7e-3, "xla": 3.4e-4}, None),
-                          "2": (3.2e-3 / scale, {"torch": 2.7e-3, "xla": 3.5e-4}, None)}}
+            # The perf worker records a round's baselines of the kernel's precision only
+            # (FP32: torch's GEMM, not XLA's TF32 one; test_a_round_keeps_...).
+            SGEMM["id"]: {"1": (3.2e-3 / scale, {"torch": 2.7e-3}, None),
+                          "2": (3.2e-3 / scale, {"torch": 2.7e-3}, None)}}
 
 
 @pytest.fixture
@@ -478,7 +481,8 @@ def test_a_bring_up_writes_the_models_ceilings_and_floors_and_nothing_of_another
     assert big["against"] == "roofline" and big["note"]["per_run"] == [0.88, 0.86]
     assert big["fraction"] == 0.82  # 0.86 less 2 x 2.3% (0.88 / 0.86 - 1)
     assert big["note"]["previous"] is None  # the H100's floor of this kernel is not the H200's
-    assert by_item[("matmul", "cuda_sgemm", "f32-4096x4096x4096")]["baseline"] == "torch"
+    sgemm = by_item[("matmul", "cuda_sgemm", "f32-4096x4096x4096")]
+    assert sgemm["against"] == "baseline" and sgemm["fraction"] < 2.7 / 3.2
     assert (data_root / H100_KEY / "floors.json").read_bytes() == h100_before
     assert floors.table("NVIDIA H200") and floors.floor_for(
         "NVIDIA H200", "softmax", "pallas", "f32-32768x4096", "fwd").fraction == 0.82
@@ -781,3 +785,28 @@ def test_history_stops_when_asv_adds_no_commit(tmp_path, data_root):
     ctx.runner = bringup.Runner(clock=clock, spawn=history.spawn, signals=history.signals)
     with pytest.raises(RuntimeError, match="history: asv added no commit"):
         bringup.run(ctx, ["history"])
+
+
+def test_a_round_keeps_the_baselines_of_the_kernels_clock_and_precision_only():
+    """The perf worker's round records divide by peers of the kernel's precision and clock:
+    an FP32 SGEMM's rounds hold torch's FP32 GEMM, not XLA's TF32 one (8x faster: a floor of
+    it would measure the precision) nor a baseline timed by another clock."""
+    from kernels.cli import bringup as cli_bringup
+
+    impl = registry.implementation("matmul", "cuda_sgemm")
+    case = next(c for c in registry.operation("matmul").cases if c.id == "f32-4096x4096x4096")
+    item = perfcheck.PerfItem(impl, case, "fwd")
+
+    def m(seconds, precision, method="cupti"):
+        return timing.Measurement.from_samples([seconds], label="m", method=method,
+                                               regime="cold", stop_reason="converged",
+                                               fingerprint={}, precision=precision)
+
+    result = perfcheck.Interleaved(
+        name=impl.name, kernel=m(3.2e-3, "FP32"),
+        baselines={"torch": m(2.7e-3, "FP32"), "xla": m(3.4e-4, "TF32"),
+                   "torch_tf32": m(3.0e-4, "TF32"), "events": m(2.6e-3, "FP32", "cuda-events")},
+        rounds=({impl.name: 3.2e-3, "torch": 2.7e-3, "xla": 3.4e-4, "torch_tf32": 3.0e-4,
+                 "events": 2.6e-3},), errors={})
+    rounds, _ = cli_bringup._round_records(item, result, fakes.gpu_fingerprint())
+    assert [r["baselines"] for r in rounds] == [{"torch": 2.7e-3}]

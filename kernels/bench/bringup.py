@@ -78,11 +78,6 @@ MIN_RUNS = 2
 # compute-bound work, against the best baseline timed by the same clock, as the H100's hand-
 # written floors chose.
 ROOFLINE_KIND_MIN = 0.5
-# The one baseline a kernel is compared with where the best baseline computes at another
-# precision: cuda_sgemm is FP32 FFMA, and XLA's f32 matmul runs in TF32 on tensor cores;
-# torch's float32 GEMM (TF32 off) is its peer. Until implementations declare their
-# precision (issue 51), this table says it.
-PEERS = {("matmul", "cuda_sgemm"): "torch"}
 MARGIN_RULE = (f"{SPREAD_FACTOR:g} x the widest spread (between runs' medians, between one "
                f"run's rounds) under the lowest run, within [{MIN_MARGIN:.0%}, {MAX_MARGIN:.0%}]")
 
@@ -163,14 +158,11 @@ def _round_values(record: Mapping[str, Any], against: str, peer: str | None) -> 
 def choose_kind(item: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
                 old: floors.Floor | None) -> tuple[str, str | None]:
     """(against, baseline) of an item's floor: its model's floor already there keeps its kind
-    (a reviewed choice, and the never-loosen rule compares like with like); else PEERS, else
-    the roofline for a memory-bound kernel at ROOFLINE_KIND_MIN of it or more, else the best
-    baseline."""
+    (a reviewed choice, and the never-loosen rule compares like with like); else the roofline
+    for a memory-bound kernel at ROOFLINE_KIND_MIN of it or more, else the best baseline of
+    the kernel's precision (the perf worker records no other in a round's baselines)."""
     if old is not None:
         return old.against, old.baseline
-    peer = PEERS.get((item["op"], item["impl"]))
-    if peer:
-        return "baseline", peer
     fractions = [one["roofline"] for record in records for one in record["rounds"]
                  if one.get("roofline")]
     memory = all(record.get("bound") == "memory" for record in records)
@@ -231,7 +223,7 @@ def decide(item: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
                         runs=runs, method=methods[0])
     if sum(1 for values in runs if values) < MIN_RUNS:
         wanted = "the datasheet roofline" if against == "roofline" else \
-            (f"baseline {peer}" if peer else "a baseline")
+            (f"baseline {peer}" if peer else "a baseline of its precision")
         return Decision(item_id, "none", old, None, evidence=evidence,
                         why=f"no value against {wanted} timed by {methods[0]} in "
                             f"{MIN_RUNS} runs")

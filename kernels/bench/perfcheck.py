@@ -8,8 +8,9 @@ once per session), through `kernels.core.timing`. `judge` then compares the kern
 with its floor for this GPU model (`kernels.roofline.floors`): a fraction of
 the datasheet roofline, or of the best baseline timed by the same clock.
 Measurements taken by different methods ("cupti", "cuda-events",
-"host-clock") are never compared; where a floor needs a baseline and none was
-timed by the kernel's method, the verdict is a refusal that names both.
+"host-clock"), or of different precisions (FP32, TF32, ...: kernels.core.precisions), are
+never compared; where a floor needs a baseline and none of the kernel's precision was timed
+by the kernel's method, the verdict is a refusal that names them.
 
 `interleave` (and `PerfSession.measure_interleaved`) times a kernel and its baselines in
 rounds, kernel and baselines alternating (K B1 B2, B2 B1 K, K B1 B2, ...), every sampler made
@@ -335,7 +336,7 @@ def interleave(timeables: Mapping[str, timing.Timeable], *, first: str, rounds: 
         measured[name] = timing.Measurement.from_samples(
             taken[name], clocks=sampler.clocks, throttled=sampler.throttled,
             label=timeables[name].label, method=methods[name], regime=regime,
-            stop_reason=stop, fingerprint=identity)
+            stop_reason=stop, fingerprint=identity, precision=getattr(timeables[name], "precision", ""))
     return Interleaved(
         name=first, kernel=measured.pop(first),
         baselines=measured,
@@ -384,6 +385,8 @@ class Verdict:
     speedup: float | None = None
     best_baseline: str | None = None
     refused_baselines: tuple[str, ...] = ()
+    # Baselines of another precision than the kernel's, as shown: "torch (FP32, 2674.00 us)".
+    other_precision: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.status not in ("pass", "fail", "refused", "skipped"):
@@ -407,15 +410,20 @@ def judge(*, label: str, device: fingerprint.Fingerprint, measured: timing.Measu
           baseline_errors: Mapping[str, str] | None = None) -> Verdict:
     """The kernel's measurement against its floor.
 
-    Baselines timed by another method than the kernel are left out of every
-    comparison (and listed); the speedup is over the fastest baseline timed by
-    the same clock. `has_floors`: whether `device` has a floor table at all (a
-    model without one, or a CPU, skips the check and says why).
+    Baselines timed by another method than the kernel, or of another precision
+    (Measurement.precision: a TF32 kernel beside cuBLAS's FP32 GEMM), are left out of every
+    comparison and listed, the latter labelled with their precision; the speedup is over
+    the fastest baseline of the kernel's precision timed by the same clock, and so is a
+    floor against "the best baseline". `has_floors`: whether `device` has a floor table at
+    all (a model without one, or a CPU, skips the check and says why).
     """
     device_name = device.name
     fastest = timing.speedup(measured, baselines)
-    same = {name: m for name, m in baselines.items() if name not in fastest.other_clock}
+    left_out = {*fastest.other_clock, *fastest.other_precision}
+    same = {name: m for name, m in baselines.items() if name not in left_out}
     refused = tuple(f"{name} ({baselines[name].method})" for name in fastest.other_clock)
+    other_precision = tuple(timing.labelled(name, baselines[name])
+                            for name in fastest.other_precision)
     best, speedup = fastest.best, fastest.value
     lines = [f"measured: {describe_measurement(measured)}"]
     if placement is not None:
@@ -428,10 +436,13 @@ def judge(*, label: str, device: fingerprint.Fingerprint, measured: timing.Measu
     if refused:
         lines.append(f"not compared (another clock than {measured.method}): "
                      f"{', '.join(refused)}; {timing.comparable(measured, *baselines.values())}")
+    if other_precision:
+        lines.append(f"not compared (another precision than "
+                     f"{measured.precision or 'unknown'}): {', '.join(other_precision)}")
     for name, error in (baseline_errors or {}).items():
         lines.append(f"baseline {name} could not be timed: {error.splitlines()[0][:300]}")
     common = dict(method=measured.method, speedup=speedup, best_baseline=best,
-                  refused_baselines=refused)
+                  refused_baselines=refused, other_precision=other_precision)
     if floor is None:
         if device.platform != "gpu":
             why = (f"floors are per GPU model; this is a CPU ({device_name}): numbers recorded "
@@ -457,6 +468,21 @@ def judge(*, label: str, device: fingerprint.Fingerprint, measured: timing.Measu
         compared = f"{value:.3f} of the datasheet roofline"
     else:
         peer = floor.baseline or best
+        if floor.baseline in fastest.other_precision:
+            theirs = baselines[floor.baseline].precision or "an unknown precision"
+            message = (f"{label}: refusing to compare with baseline {floor.baseline}: it "
+                       f"computed in {theirs}, {label} in "
+                       f"{measured.precision or 'an unknown precision'}; a ratio "
+                       f"across precisions measures the precisions (floors name a baseline of "
+                       f"the kernel's precision, or none: the best of it)")
+            return Verdict(status="refused", message="\n".join([message, *lines]),
+                           floor=floor, **common)
+        if peer is None and fastest.other_precision and not fastest.other_clock:
+            message = (f"{label}: refusing to compare with a baseline: no baseline computed in "
+                       f"{measured.precision or 'its precision'} (baselines: "
+                       f"{', '.join(other_precision)})")
+            return Verdict(status="refused", message="\n".join([message, *lines]),
+                           floor=floor, **common)
         if peer is None or peer not in same:
             available = ", ".join([*(f"{n} ({m.method})" for n, m in baselines.items()),
                                    *(f"{n} (failed)" for n in baseline_errors or {})]) or "none"
@@ -553,10 +579,13 @@ def extra_info(*, measured: timing.Measurement, work: registry.Work,
         "roofline_ceiling": primary.ceiling if primary else None,
         "bound": primary.bound if primary else None,
         "measured_roofline_fraction": measured_roof.fraction if measured_roof else None,
+        "precision": measured.precision or None,
         "speedup": verdict.speedup,
         "best_baseline": verdict.best_baseline,
-        "baselines": {name: {"median_s": m.median_s, "method": m.method, "cv": finite(m.cv)}
+        "baselines": {name: {"median_s": m.median_s, "method": m.method, "cv": finite(m.cv),
+                             "precision": m.precision or None}
                       for name, m in baselines.items()},
+        "other_precision_baselines": list(verdict.other_precision),
         "baseline_errors": dict(baseline_errors or {}),
         "floor": dataclasses.asdict(verdict.floor) if verdict.floor else None,
         "floor_value": verdict.value,

@@ -186,7 +186,10 @@ def _round_records(item, result, device) -> tuple[list[dict[str, Any]], str | No
 
     sheet = ceilings.datasheet(device.name)
     work = registry.operation(item.impl.op).work(item.case, item.direction)
-    same = {name for name, m in result.baselines.items() if m.method == result.kernel.method}
+    # A round's ratio is over the baselines of the kernel's clock and precision only (a TF32
+    # GEMM beside an FP32 kernel measures the precision: kernels.core.precisions).
+    same = {name for name, m in result.baselines.items() if m.method == result.kernel.method
+            and m.precision == result.kernel.precision}
     rounds = []
     for medians in result.rounds:
         placed = model.place(work, medians[result.name], sheet, item.case.dtype) if sheet \

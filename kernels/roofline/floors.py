@@ -45,8 +45,10 @@ class Floor:
 
     against: "roofline" (placement under the datasheet roofs) or "baseline"
         (best baseline's median time over ours, same run, same clock).
-    baseline: for against="baseline", the one peer to compare with (e.g. torch's
-        float32 GEMM for an FP32 kernel, where XLA uses TF32); None: the best.
+    baseline: for against="baseline", the one peer to compare with; None: the best baseline
+        of the kernel's precision (an FP32 kernel's is torch's FP32 GEMM, never XLA's TF32
+        one: `perfcheck.judge` compares one precision only and refuses a named peer of
+        another).
     direction: "fwd", "bwd", or None for both.
     case: a substring of the case id (e.g. "256x1024"), or None for every case.
     note: what the bring-up measured and how it derived the fraction (kernels.bench.bringup:

@@ -25,10 +25,12 @@ def _device(name: str = H100, platform: str = "gpu") -> fingerprint.Fingerprint:
         cuda="13.0", default_sm_mhz=1980, max_sm_mhz=1980, versions=(("jax", "0.11.2"),))
 
 
-def _measurement(median_s: float, method: str = "cupti", label: str = "m") -> timing.Measurement:
+def _measurement(median_s: float, method: str = "cupti", label: str = "m",
+                 precision: str = "") -> timing.Measurement:
     samples = [median_s * f for f in (0.999, 1.0, 1.001)]
     return timing.Measurement.from_samples(samples, label=label, method=method, regime="cold",
-                                           stop_reason="converged", fingerprint={})
+                                           stop_reason="converged", fingerprint={},
+                                           precision=precision)
 
 
 def _softmax(case_id: str = "f32-32768x4096"):
@@ -216,11 +218,17 @@ def test_no_baseline_on_the_same_clock_is_refused_not_passed():
 
 
 def test_a_named_baseline_is_the_one_compared():
+    """cuda_sgemm's hand-written H100 floor names torch, and the best baseline of its precision
+    (FP32) is torch's too, not XLA's faster TF32 GEMM: named or not, the same peer is the one
+    compared."""
     floor = floors.floor_for(H100, "matmul", "cuda_sgemm", "f32-4096x4096x4096", "fwd")
     assert floor.baseline == "torch"
-    baselines = {"torch": _measurement(2.68e-3), "xla": _measurement(0.4e-3)}
-    verdict = _judge(_measurement(3.26e-3), baselines, None, floor)
-    assert verdict.status == "pass" and verdict.value == pytest.approx(2.68 / 3.26, 1e-3)
+    baselines = {"torch": _measurement(2.68e-3, precision="FP32"),
+                 "xla": _measurement(0.4e-3, precision="TF32")}
+    for chosen in (floor, dataclasses.replace(floor, baseline=None)):
+        verdict = _judge(_measurement(3.26e-3, precision="FP32"), baselines, None, chosen)
+        assert verdict.status == "pass" and verdict.value == pytest.approx(2.68 / 3.26, 1e-3)
+        assert verdict.best_baseline == "torch"
 
 
 def test_a_model_without_floors_and_a_cpu_skip_naming_the_device():
@@ -479,7 +487,8 @@ def test_extra_info_carries_every_number_of_the_verdict():
     assert info["measured_roofline_fraction"] is None
     assert info["speedup"] == pytest.approx(0.5) and info["best_baseline"] == "xla"
     assert info["baselines"] == {"xla": {"median_s": 1e-3, "method": "cupti",
-                                         "cv": pytest.approx(baselines["xla"].cv)}}
+                                         "cv": pytest.approx(baselines["xla"].cv),
+                                         "precision": None}}
     assert info["baseline_errors"] == {"torch": "boom"}
     assert info["floor"] == dataclasses.asdict(floor)
     assert info["floor_value"] == verdict.value and info["floor_verdict"] == verdict.status

@@ -20,7 +20,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from kernels.core import registry
+from kernels.core import precisions, registry
 from kernels.ops.transformer_block import spec
 from kernels.sharding import meshes
 
@@ -138,4 +138,5 @@ registry.register_implementation(registry.Implementation(
     op=spec.NAME, name="nnx", fn=block, prepare=prepare,
     requires=registry.Requirements(devices=2, modules=("flax",)),
     description="Flax NNX module, nnx.with_partitioning + logical axis rules, jit",
+    precision=precisions.TF32_ON_GPU,  # XLA's default dots
 ))
