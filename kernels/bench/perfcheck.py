@@ -336,7 +336,8 @@ def interleave(timeables: Mapping[str, timing.Timeable], *, first: str, rounds: 
         measured[name] = timing.Measurement.from_samples(
             taken[name], clocks=sampler.clocks, throttled=sampler.throttled,
             label=timeables[name].label, method=methods[name], regime=regime,
-            stop_reason=stop, fingerprint=identity, precision=getattr(timeables[name], "precision", ""))
+            stop_reason=stop, fingerprint=identity,
+            precision=getattr(timeables[name], "precision", ""))
     return Interleaved(
         name=first, kernel=measured.pop(first),
         baselines=measured,
