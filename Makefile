@@ -9,6 +9,7 @@ PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 BASE ?= main
 
 .PHONY: install test lint pytest readme-check test-gpu cuda list bench bench-compare noise-floor dashboard clean \
+	bringup \
 	mutation gpu-sweep \
 	dashboard-deps dashboard-screenshot \
 	roofline plot-roofline verify-timing ceilings
@@ -62,15 +63,15 @@ lint: install
 pytest: install
 	$(BIN)/python -m pytest -n $(JOBS) -m "not readme"
 
-# Every README command not labelled for a GPU, run in a fresh clone with an empty home
-# (correctness_tests/test_readme.py); prints each command's time and outcome.
+# Every command of README.md and docs/*.md not labelled for a GPU, run in a fresh clone with an
+# empty home (correctness_tests/test_readme.py); prints each command's time and outcome.
 readme-check: install
 	KERNELPERF_README_CHECK=1 $(BIN)/python -m pytest -m readme -p no:xdist -p no:cacheprovider -s -q
 
 # Mutation testing of the harness (kernels/testing/mutation.py): whole modules, each target's
 # mutants against its tests, a score per module over all of them; survivors without a reason
 # listed make it exit 1. Not part of `make test`: on two cores (a mutant per core) the whole
-# run takes about 46 minutes (README). TARGETS="checking timing" narrows it;
+# run takes about 46 minutes (docs/mutation.md). TARGETS="checking timing" narrows it;
 # MUTATION_ARGS="--rerun-survivors" reruns only what the last run left alive.
 MUTATION_ARGS ?=
 mutation: install
@@ -82,7 +83,7 @@ gpu-sweep:
 	$(PYTHON) -m kernels.profile.gpu_sweep $(if $(OUT),--out $(OUT))
 
 # On a GPU machine whose python3 already has jax[cuda], torch and triton: as many xdist
-# workers as the GPU's memory holds (README, "GPU test runs").
+# workers as the GPU's memory holds (docs/testing.md, "GPU test runs").
 test-gpu:
 	$(PYTHON) -m pytest -m gpu
 
@@ -118,6 +119,14 @@ bench-compare:
 RUNS ?= 3
 noise-floor:
 	$(PY) -m kernels noise-floor --runs $(RUNS) $(if $(BENCH),--bench $(BENCH))
+
+# On a GPU: bring the GPU model in hand up as data (docs/bringup.md): its ceilings, perf floors,
+# tuned configs, noise floors and asv history, written under kernels/models/<model>/ (and
+# tuned.json, perf_tests/results/asv/<model>/), then the diff to review. STEPS="perf floors"
+# narrows it; BRINGUP_ARGS="--deadline 540" stops in time and a re-run goes on where it stopped.
+BRINGUP_ARGS ?=
+bringup:
+	$(PY) -m kernels bringup $(if $(STEPS),--steps $(STEPS)) $(BRINGUP_ARGS)
 
 # The local copies of asv's CDN scripts (make dashboard-deps), so the page works offline too.
 DASHBOARD_PORT ?= 8080

@@ -12,9 +12,11 @@ Kernel items of one case share their inputs and reference (kernels.core.checking
 cache): they carry the case's xdist group and run back to back, one
 distribution at a time. On a GPU machine a plain `pytest` runs distributed over
 as many xdist workers as the GPU's memory holds (kernels/testing/scheduling.py), with
-`--dist loadgroup`; `-n N` asks for fewer, `-n 0` or KERNELPERF_TEST_WORKERS=0
-runs in one process. At the end the run prints where the kernel checks spent
-their time (kernels/testing/phases_plugin.py).
+`--dist loadgroup`, and one more for the perf items, which run on it with the
+device to themselves once the rest is done (kernels/testing/perf_phase.py; `-n
+auto` gets that worker too); `-n N` asks for fewer, `-n 0` or
+KERNELPERF_TEST_WORKERS=0 runs in one process. At the end the run prints where
+the kernel checks spent their time (kernels/testing/phases_plugin.py).
 """
 
 from __future__ import annotations
@@ -32,9 +34,13 @@ environment.configure()
 # the rest of the run, and five workers' peaks added up past an H100's 80 GiB (2026-11-24:
 # 32 items out of memory); the platform allocator hands memory back as arrays die, so the
 # workers together hold what is live, which is what the worker plan budgets. Set before
-# anything starts JAX's backend (collection does). A value the user set is kept.
+# anything starts JAX's backend (collection does). A value the user set is kept. The perf
+# items' worker (kernels/testing/perf_phase.py) times kernels with JAX's default allocator, as
+# `pytest -m perf` in one process does (preallocation is off on a GPU either way:
+# environment.configure): it holds one perf case at a time, and the plan keeps room for it.
 _SHARED_GPU = bool(os.environ.get("PYTEST_XDIST_WORKER")) and environment.nvidia_gpu_present()
-if _SHARED_GPU:
+if _SHARED_GPU and os.environ["PYTEST_XDIST_WORKER"] != \
+        os.environ.get(environment.PERF_WORKER_VARIABLE):
     os.environ.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
 
 # Without a GPU, most of the suite's time was XLA compiling for the CPU (74% of the kernel
@@ -58,9 +64,11 @@ from kernels.testing.marks import kernel_marks  # noqa: E402
 
 # The persistent compilation cache for the run and its hit rate in the summary; the phase
 # breakdown of the kernel checks; fault containment (a kernel that crashes, hangs or poisons
-# the device fails its own items only); test-only faulty implementations (--plant-fault).
+# the device fails its own items only); test-only faulty implementations (--plant-fault); the
+# perf items on the device alone under xdist workers (the perf phase).
 pytest_plugins = ("kernels.testing.compilation_cache_plugin", "kernels.testing.phases_plugin",
-                  "kernels.testing.isolation", "kernels.testing.faults")
+                  "kernels.testing.isolation", "kernels.testing.faults",
+                  "kernels.testing.perf_phase")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,9 +166,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     stall work while a replacement joins."""
     from xdist.scheduler import LoadFileScheduling, LoadGroupScheduling, LoadScopeScheduling
 
+    from kernels.bench import perfcheck
+
     # Imported here, not above: a plugin module imported before pytest registers it (see
     # pytest_plugins) misses pytest's assertion rewriting, with a warning.
-    from kernels.testing import isolation
+    from kernels.testing import isolation, perf_phase
 
     if config.option.dist in ("loadscope", "loadfile"):
         base = LoadScopeScheduling if config.option.dist == "loadscope" else LoadFileScheduling
@@ -174,9 +184,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         for mark in param.marks:
             if mark.name == "xdist_group":
                 groups[param.id] = mark.args[0]
+    # The perf items, by test name and id: one group, first on a worker of their own.
+    perf_names = {f"{perfcheck.PERF_TEST}[{item.id}]" for item in perfcheck.perf_items()}
 
-    class KernelGroupScheduling(isolation.ReplacementFixes, LoadGroupScheduling):
+    class KernelGroupScheduling(isolation.ReplacementFixes, perf_phase.PerfFirst,
+                                LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
+            if nodeid.rpartition("::")[2] in perf_names:
+                return perf_phase.PERF_GROUP
             test_id = nodeid[nodeid.rfind("[") + 1:nodeid.rfind("]")] if "[" in nodeid else ""
             return groups.get(test_id) or super()._split_scope(nodeid)
 
@@ -244,15 +259,26 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     elif option.numprocesses != 0 and not option.collectonly and \
             not config.getoption("usepdb", False) and not _selects_perf_only(option.markexpr) \
             and devices.this_machine().has_gpu:
-        plan = scheduling.auto_workers(devices.this_machine())
+        # Where the run may select perf items, a count chosen here has one worker more for
+        # them (kernels/testing/perf_phase.py), and the plan keeps room for it.
+        requested = option.numprocesses
+        automatic = requested in (None, "auto", "logical")
+        extra = _perf_phase().extra_worker(option.markexpr) if automatic else 0
+        plan = scheduling.auto_workers(devices.this_machine(), perf=bool(extra))
         if plan is not None:
-            requested = option.numprocesses
-            chosen = plan.workers if requested in (None, "auto", "logical") else \
-                min(int(requested), plan.workers)
+            chosen = plan.workers + extra if automatic else min(int(requested), plan.workers)
             option.numprocesses = chosen if chosen > 1 else 0
             config._kernelperf_plan = (plan, requested, chosen)
     if option.numprocesses and option.dist == "no":  # "auto" included: xdist resolves it
         option.dist = "loadgroup"
+
+
+def _perf_phase():
+    # Imported when used: a plugin module imported before pytest registers it (see
+    # pytest_plugins) misses pytest's assertion rewriting, with a warning.
+    from kernels.testing import perf_phase
+
+    return perf_phase
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

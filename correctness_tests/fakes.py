@@ -1,6 +1,6 @@
 """Made-up things the tests share, so that none needs the real one: a GPU's fingerprint and
-machines, an array-like with only a shape, a softmax with a planted gradient error, and asv
-results (values, and a results folder as asv writes it).
+machines, an array-like with only a shape, a softmax with a planted gradient error, a matmul
+that runs in TF32 on a CPU, and asv results (values, and a results folder as asv writes it).
 
 Not a test module (pytest collects test_*.py only); the tests import it as
 `from correctness_tests import fakes`. Third-party packages (jax, asv) are imported where
@@ -68,6 +68,32 @@ def softmax_with_scaled_gradient(scale: float):
     return softmax
 
 
+def to_tf32(x):
+    """float32 `x` rounded to TF32's 10 mantissa bits (to nearest, ties to even), as float32:
+    what tensor cores read of a float32 operand in TF32 mode (jnp, so it runs under jit)."""
+    import jax
+    import jax.numpy as jnp
+
+    bits = jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.float32), jnp.uint32)
+    dropped = 23 - 10
+    odd = (bits >> dropped) & 1  # ties to even: round up a half only onto an even result
+    rounded = (bits + (1 << (dropped - 1)) - 1 + odd) & ~jnp.uint32((1 << dropped) - 1)
+    return jax.lax.bitcast_convert_type(rounded, jnp.float32)
+
+
+def tf32_matmul(a, b):
+    """a @ b with both operands rounded to TF32 and float32 products and sums: a matmul that
+    runs in TF32, on a CPU. Differentiable: the rounding passes gradients straight through,
+    so the backward's products see one rounded operand each, as a TF32 backward's do."""
+    import jax
+    import jax.numpy as jnp
+
+    def rounded(x):
+        return x + jax.lax.stop_gradient(to_tf32(x) - x)
+
+    return jnp.matmul(rounded(a), rounded(b), precision=jax.lax.Precision.HIGHEST)
+
+
 def asv_result(samples: list[float]):
     """An asv_tools.Result of timing `samples`, with the value and statistics asv computes
     from them (asv_runner's compute_stats)."""
@@ -89,15 +115,16 @@ def asv_timed(center: float, spread: float, n: int = 20, seed: int = 0):
 def asv_result_file(root: Path, machine: str, commit: str, rows: dict[str, list],
                     columns: tuple[str, ...] = ("result", "params", "version",
                                                 "started_at"),
-                    params: dict[str, str] | None = None) -> Path:
+                    params: dict[str, str] | None = None, date: int = 1) -> Path:
     """`commit`'s result file of `machine` in the asv results folder `root` (its
     machine.json too), as asv 0.6 stores it: `rows` maps a benchmark to its row, one entry
-    per name in `columns`; `params` are machine keys asv copied in beside the name."""
+    per name in `columns`; `params` are machine keys asv copied in beside the name; `date`
+    the commit's (ms, asv orders a machine's history by it)."""
     (root / machine).mkdir(parents=True, exist_ok=True)
     (root / machine / "machine.json").write_text(json.dumps({"machine": machine, "version": 1}))
     path = root / machine / f"{commit[:8]}-env.json"
     path.write_text(json.dumps({
-        "commit_hash": commit, "env_name": "env", "date": 1, "python": "3.12",
+        "commit_hash": commit, "env_name": "env", "date": date, "python": "3.12",
         "params": {"machine": machine, **(params or {})}, "requirements": {}, "env_vars": {},
         "durations": {},
         "version": 2, "result_columns": list(columns), "results": rows}))

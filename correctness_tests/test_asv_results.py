@@ -260,7 +260,7 @@ def asv_run(monkeypatch):
     """bench's collaborators stood in for: the machine is "test-gpu", each revision's hash is
     its name repeated, and asv (`_asv`) records its arguments and the two variables the
     benchmarks read; returns (calls, kept lists, recovered machines)."""
-    from kernels.bench import breakdown, dashboard, recover
+    from kernels.bench import breakdown, listing, recover
 
     calls, kept, recovered = [], [], []
     monkeypatch.setattr(asv_tools, "register_machine", lambda: "test-gpu")
@@ -277,14 +277,14 @@ def asv_run(monkeypatch):
                       os.environ.get(breakdown.QUIET_VARIABLE)))
 
     monkeypatch.setattr(asv_tools, "_asv", fake_asv)
-    monkeypatch.setattr(dashboard, "keep_benchmark_list",
+    monkeypatch.setattr(listing, "keep_benchmark_list",
                         lambda *args: kept.append(args))
     monkeypatch.setattr(recover, "recover_all", lambda name: recovered.append(name))
     return calls, kept, recovered
 
 
 def test_bench_runs_asv_on_each_commit_with_samples_kept_and_the_dashboard_metrics(asv_run):
-    from kernels.bench import dashboard
+    from kernels.bench import listing
 
     calls, kept, recovered = asv_run
     assert asv_tools.bench(["b", "h"], bench_regex="Softmax") == "test-gpu"
@@ -292,7 +292,7 @@ def test_bench_runs_asv_on_each_commit_with_samples_kept_and_the_dashboard_metri
     assert calls == [((*run, "b" * 40 + "^!", "--bench", "Softmax"), "1", "1"),
                      ((*run, "h" * 40 + "^!", "--bench", "Softmax"), "1", "1")]
     # After each run, the benchmark list naming the dashboard metrics is kept for publishing.
-    assert kept == [(Path(".asv/results"), dashboard.KEPT_LIST)] * 2 and recovered == []
+    assert kept == [(Path(".asv/results"), listing.KEPT_LIST)] * 2 and recovered == []
 
 
 def test_the_gates_bench_clears_the_dashboard_variable_and_selects_nothing_by_default(

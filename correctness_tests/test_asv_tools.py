@@ -468,13 +468,12 @@ def test_a_change_in_each_metric_reads_the_right_way_up(metric):
     assert (drop, rise) == ((good, bad) if lower else (bad, good)), metric
 
 
-def test_the_default_gap_is_the_readmes():
-    """README: each row's gap is "1% (`--min-gap`)" where the clock resolves it; the verdicts'
-    default gap must say the same."""
-    import re
+def test_the_default_gap_is_the_documented_one():
+    """The documents (README.md or docs/*.md): each row's gap is "1% (`--min-gap`)" where the
+    clock resolves it; the verdicts' default gap must say the same."""
+    from correctness_tests import documents
 
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-    (percent,) = re.findall(r"(\d+)% \(`--min-gap`\)", readme)
+    (percent,) = documents.sentence(r"(\d+)% \(`--min-gap`\)")
     assert asv_tools.DEFAULT_MIN_GAP == pytest.approx(int(percent) / 100)
 
 
@@ -564,3 +563,38 @@ def test_runs_measured_once_learn_no_floor_and_the_since_boundaries_count_the_ru
     stamped = asv_tools.Result(1.0, None, None, started_at=1000)
     assert asv_tools.measured_since({key: stamped}, 1000) == {key: stamped}  # at the start
     assert asv_tools.earlier_runs_only({key: stamped}, {}, since_ms=1000) == set()
+
+
+def test_asvs_tables_write_every_declared_unit(monkeypatch):
+    """asv 0.6.6 writes a unit only for seconds and bytes (`make bench` printed TFLOP/s as
+    0.13796688283128342); with the plug-in's hook run, as asv runs it before any command,
+    every tracked number of a shipped result comes out in asv's own table with the unit
+    perf_tests/benchmarks.py declares, and no bare float."""
+    import re
+
+    from asv import results as asv_results
+    from asv import util as asv_util
+    from asv.commands import compare
+
+    from kernels.bench import asv_plugin, dashboard
+
+    monkeypatch.setattr(asv_util, "human_value", asv_util.human_value)  # restored afterwards
+    monkeypatch.setattr(compare, "human_value", compare.human_value)
+    monkeypatch.setattr("sys.argv", ["asv", "show"])  # a command that names no machine
+    asv_plugin.setup()
+    listing = json.loads((dashboard.SHIPPED_RESULTS / "benchmarks.json").read_text())
+    tracked = 0
+    for machine in ("nvidia-h100-80gb-hbm3", "nvidia-h200"):
+        for result in asv_results.iter_results_for_machine(str(dashboard.SHIPPED_RESULTS),
+                                                           machine):
+            for name in result.get_all_result_keys():
+                unit = listing[name]["unit"]
+                if ".track_" not in name or unit == "bytes":  # asv writes bytes itself
+                    continue
+                values = [v for v in result.get_result_value(name, listing[name]["params"])
+                          if v is not None and v == v]
+                _, table = asv_results.format_benchmark_result(result, listing[name])
+                assert table.count(f" {unit}") == len(values), (name, unit, table)
+                assert not re.search(r"\d\.\d{6,}", table), (name, table)
+                tracked += len(values)
+    assert tracked, "the shipped results hold tracked numbers"

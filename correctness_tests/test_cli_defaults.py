@@ -1,27 +1,21 @@
-"""The command line's defaults are the ones the README documents: each expected value is read
-from the README's own sentence, so the two cannot drift apart, and a default changed in one
-place alone fails here (a compare gap raised from 5% to 15% passed every other CPU test)."""
+"""The command line's defaults are the ones the documents state: each expected value is read
+from its sentence in README.md or docs/*.md (correctness_tests/documents.py: one such sentence
+in them all), so the two cannot drift apart, and a default changed in one place alone fails
+here (a compare gap raised from 5% to 15% passed every other CPU test)."""
 
 from __future__ import annotations
 
 import argparse
-import pathlib
 import re
 
 import pytest
 
+from correctness_tests import documents
 from kernels import cli
 from kernels.bench import asv_tools
 from kernels.cli import arguments
 
-README = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-
-
-def _documented(pattern: str) -> tuple[str, ...]:
-    """The groups of the README's one match of `pattern` (whitespace as in a wrapped line)."""
-    found = re.findall(pattern.replace(" ", r"\s+"), README)
-    assert len(found) == 1, f"README: expected one sentence matching {pattern!r}, got {found}"
-    return found[0] if isinstance(found[0], tuple) else (found[0],)
+_documented = documents.sentence
 
 
 def _percent(text: str) -> float:
@@ -244,6 +238,19 @@ def _defaults(*argv: str) -> dict:
 GAP = _percent(*_documented(r"(\d+)% \(`--min-gap`\)"))
 
 
+def test_a_default_is_read_from_whichever_document_states_it_and_stated_once(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("a gap of 1% (`--min-gap`) here\n")
+    (tmp_path / "docs" / "x.md").write_text("and a gap of 2%\n(`--min-gap`) there\n")
+    with pytest.raises(AssertionError, match="docs/x.md"):
+        documents.sentence(r"(\d+)% \(`--min-gap`\)", tmp_path)
+    (tmp_path / "README.md").write_text("no gap stated\n")
+    assert documents.sentence(r"(\d+)% \(`--min-gap`\)", tmp_path) == ("2",)
+    (tmp_path / "docs" / "x.md").write_text("nothing here either\n")
+    with pytest.raises(AssertionError, match="expected one sentence"):
+        documents.sentence(r"(\d+)% \(`--min-gap`\)", tmp_path)
+
+
 def test_the_readme_states_one_compare_gap_and_the_gate_uses_it():
     assert asv_tools.DEFAULT_MIN_GAP == pytest.approx(GAP)
 
@@ -292,7 +299,7 @@ def test_timing_commands_default_to_the_documented_regime(command):
 
 
 def test_time_and_roofline_default_directions():
-    """`time` the forward (README: `time softmax --direction fwd bwd` asks for both), the
+    """`time` the forward (the documents: `time softmax --direction fwd bwd` asks for both), the
     roofline both directions (one chart per direction)."""
     assert _defaults("time", "softmax")["direction"] == ["fwd"]
     assert _defaults("roofline", "softmax")["direction"] == ["fwd", "bwd"]

@@ -5,6 +5,7 @@ publishes from."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 
 from correctness_tests import fakes
-from kernels.bench import asv_tools, dashboard
+from kernels.bench import asv_tools, dashboard, listing
 
 BENCHMARK = "benchmarks.Softmax.time_device"
 LOCAL_MACHINE = "dashboard-test"
@@ -132,10 +133,10 @@ def test_local_run_keeps_every_shipped_result_in_view(local_run, tmp_path):
     filters with points for each machine that has any."""
     local = tmp_path / "local"
     subprocess.run(["cp", "-r", str(local_run), str(local)], check=True)
-    listing = json.loads((local / "benchmarks.json").read_text())
-    assert GBPS not in listing, "a plain run lists no dashboard metric"
-    listing[BENCHMARK]["version"] = "edited-here"  # as a local edit of the benchmark makes it
-    (local / "benchmarks.json").write_text(json.dumps(listing))
+    local_list = json.loads((local / "benchmarks.json").read_text())
+    assert GBPS not in local_list, "a plain run lists no dashboard metric"
+    local_list[BENCHMARK]["version"] = "edited-here"  # as a local edit of the benchmark makes it
+    (local / "benchmarks.json").write_text(json.dumps(local_list))
     shipped = dashboard.machines_with(dashboard.SHIPPED_RESULTS, BENCHMARK)
     assert shipped, "the repository ships GPU results"
     # The multi-GPU machines ship the sharded operations only.
@@ -287,7 +288,7 @@ def test_dashboard_metrics_survive_a_plain_asv_run(tmp_path):
         {BENCHMARK: _entry(CPU_PARAMS, "1"), GBPS: _entry(CPU_PARAMS, "1", GBPS)},
         {"beef": {GBPS: (CPU_PARAMS, "1", 10)}})
     kept = tmp_path / "kept.json"
-    dashboard.keep_benchmark_list(results, kept)
+    listing.keep_benchmark_list(results, kept)
     wider = [CPU_PARAMS[0], ["'f32-64x1000'", "'f32-8x128'"], CPU_PARAMS[2]]
     (results / "benchmarks.json").write_text(json.dumps({BENCHMARK: _entry(CPU_PARAMS, "1"),
                                                           "version": 2}))
@@ -296,7 +297,7 @@ def test_dashboard_metrics_survive_a_plain_asv_run(tmp_path):
         "result_columns": ["result", "params", "version", "started_at"],
         "results": {GBPS: [[1.0, 2.0, 3.0, 4.0], wider, "1", 10],
                     BENCHMARK: [[1.0, 2.0], CPU_PARAMS, "1", 10]}}))
-    dashboard.keep_benchmark_list(results, kept)  # the plain run's list merged, metrics kept
+    listing.keep_benchmark_list(results, kept)  # the plain run's list merged, metrics kept
     lines = dashboard.combine_results([results], tmp_path / "both", lists=(kept,))
     merged = json.loads((tmp_path / "both" / "benchmarks.json").read_text())
     assert GBPS in merged and "not in any benchmark list" not in " ".join(lines), lines
@@ -317,6 +318,8 @@ def test_dashboard_metrics_survive_a_plain_asv_run(tmp_path):
     ([str(dashboard.SHIPPED_RESULTS), "Softmax.time_device", "--png", "x.png", "--param", "x"],
      "--param: expected KEY=VALUE"),
     (["perf_tests"], "results_dir, benchmark and --png: expected all three"),
+    (["--check-pages", "no/such/html"], "--check-pages: expected a published dashboard "
+     "folder, got 'no/such/html', which has no index.html and index.json"),
 ])
 def test_screenshot_mistakes_get_one_line(argv, line, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
@@ -366,10 +369,178 @@ def test_default_filters_follow_each_benchmark_and_machine(tmp_path):
     gpu = {attention: [[1, values({(0, 1, 0): 2.0, (1, 1, 0): 3.0})],
                        [2, values({(0, 0, 0): 1.0, (1, 0, 0): 1.5, (0, 1, 0): 2.0})]]}
     cpu = {attention: [[2, values({(2, 2, 1): 5.0, (1, 2, 1): 9.0})]]}
-    _published(tmp_path, {("h100", "main"): gpu, ("h100", "dash"): gpu,
-                           ("cpu", "dash"): cpu}, {attention: params, BENCHMARK: []})
+    # A machine of several GPUs has results of other benchmarks only: no graph file of this
+    # one (asv would fetch it, a 404), so it is not among the machines the graph opens on.
+    softmax = {BENCHMARK: [[2, [1.0]]]}  # one combination, on the H100 only
+    _published(tmp_path, {("h100", "main"): gpu, ("h100", "dash"): {**gpu, **softmax},
+                           ("cpu", "dash"): cpu, ("4x-h100", "dash"): {}},
+               {attention: params, BENCHMARK: [["'xla'"], ["'f32-64x1000'"], ["'fwd'"]]})
     defaults = dashboard.view_defaults(tmp_path)
-    assert defaults == {attention: {
+    assert defaults[attention] == {
         "p-implementation": ["'cudnn'", "'pallas'", "'xla'"],
         "p-case": ["'bf16-4x4096'", "'f32-2x64'"], "p-direction": ["'fwd'", "'bwd'"],
-        "branch": ["dash"]}}, defaults
+        "branch": ["dash"], "machine": ["cpu", "h100"]}, defaults
+    assert defaults[BENCHMARK]["machine"] == ["h100"], defaults
+    # The benchmark list opens on the machine with points for the most benchmarks (asv: the
+    # first machine, here the one with none).
+    assert dashboard.list_machine(tmp_path, defaults) == ["h100"]
+
+
+def _samples(value: float, spread: float, count: int = 20) -> list[float]:
+    """`count` samples evenly over +-`spread` around `value`."""
+    return [value * (1 + spread * (2 * i / (count - 1) - 1)) for i in range(count)]
+
+
+def _history(root: Path, machine: str, commits: list[str],
+             rows: dict[str, dict[tuple[str, str, str], list]], spread: float = 0.001) -> None:
+    """`machine`'s results of `commits` (oldest first): rows maps a benchmark to {params:
+    [value per commit, None where that commit has none]}; a time_ value comes with samples
+    spread +-`spread` around it."""
+    columns = ("result", "params", "version", "started_at", "samples")
+    for at, commit in enumerate(commits):
+        found = {}
+        for name, series in rows.items():
+            present = {combo: values[at] for combo, values in series.items()
+                       if values[at] is not None}
+            if not present:
+                continue
+            params = [sorted({combo[k] for combo in present}) for k in range(3)]
+            combos = list(itertools.product(*params))
+            samples = [None if combo not in present else
+                       _samples(present[combo], spread)
+                       for combo in combos] if ".time_" in name else None
+            found[name] = [[present.get(combo) for combo in combos],
+                           [[repr(p) for p in values] for values in params], "1", at, samples]
+        fakes.asv_result_file(root, machine, commit, found, columns=columns, date=at + 1)
+
+
+def test_regression_thresholds_come_from_each_rows_measured_noise(tmp_path):
+    """A row's threshold: its own scatter between commits where it has enough of them, the
+    scatter of the rows that have where it has not, its samples' spread where that is wider,
+    the largest over machines; memory's is the gate's 1%; higher-is-better metrics get none
+    (asv would read their gains as regressions)."""
+    timed, memory, gbps = BENCHMARK, "benchmarks.Softmax.track_peak_memory", GBPS
+    commits = [f"{n:08x}" * 5 for n in range(1, 7)]  # asv names a file by 8 characters
+    wobbly = [100e-6, 102e-6] * 3  # +-2% back and forth on every commit
+    _history(tmp_path, "gpu", commits, {
+        timed: {("xla", "big", "fwd"): wobbly,
+                ("xla", "small", "fwd"): [None] * 4 + [5e-6, 5e-6],
+                ("xla", "shared", "fwd"): [None] * 5 + [7e-6]},
+        memory: {("xla", "big", "fwd"): [4096.0] * 6},
+        gbps: {("xla", "big", "fwd"): [900.0] * 6}})
+    _history(tmp_path, "gpu2", commits[-1:], {timed: {("xla", "shared", "fwd"): [7e-6]}},
+             spread=0.1)
+    found = asv_tools.regression_thresholds(tmp_path)
+
+    def row(*params: str, name: str = timed) -> asv_tools.Threshold:
+        return found[f"{name}({', '.join(repr(p) for p in params)})"]
+
+    big = row("xla", "big", "fwd")
+    assert big.gap > 0.05 and "its scatter between 6 commits" in big.why, big
+    assert row("xla", "small", "fwd").gap == big.gap, found  # too short: the pooled scatter
+    assert "the scatter between commits of the 1 rows" in row("xla", "small", "fwd").why
+    shared = row("xla", "shared", "fwd")  # the largest over machines: gpu2's wide samples
+    assert shared.gap > big.gap and shared.why.startswith("gpu2: sample spread"), shared
+    assert row("xla", "big", "fwd", name=memory).gap == asv_tools.DEFAULT_MIN_GAP
+    assert not [name for name in found if name.startswith(gbps)], found
+
+
+def test_every_page_opens_offline_on_data_with_a_clean_console(local_run, tmp_path):
+    """`make bench`'s dashboard (the shipped GPU results and a local run) in headless chromium:
+    the grid, a graph, the benchmark list and the regressions page each load (none left on
+    "Loading..."), write nothing to the console and ask for no file the folder lacks; each
+    shows what it should (PNGs and console logs under tmp_path, to look at)."""
+    combined = tmp_path / "combined"
+    dashboard.combine_results([dashboard.SHIPPED_RESULTS, local_run], combined)
+    html = dashboard.publish(combined, tmp_path / "html", repo=ROOT, branches=["HEAD"])
+    pages = dashboard.check_pages(html, tmp_path)
+    for name, (facts, content) in pages.items():
+        assert facts.problems() == [], (name, facts.problems(), content)
+        assert (tmp_path / f"{name}.png").is_file(), name
+    index = json.loads((html / "index.json").read_text())
+    assert dashboard.page_content("grid", pages["grid"][0].dom).startswith(
+        f"{len(index['benchmarks'])} benchmarks"), pages["grid"][1]
+    assert re.search(r" [1-9]\d* with a value", pages["list"][1]), pages["list"][1]
+    # The page lists what asv found, every one (the table's rows, nothing lost on the way).
+    found = len(json.loads((html / "regressions.json").read_text())["regressions"])
+    assert pages["regressions"][1].startswith(f"regressions listed: {found} on HEAD"), \
+        (found, pages["regressions"][1])
+    # The graph: the newest commit drawn (this checkout's, the local run) has its label, and
+    # no two labels overlap (a commit hash is 8 characters, under 60 pixels at flot's 12px).
+    graph = dashboard.graph_facts(pages["graph"][0].dom)
+    assert graph.drawn and graph.x_ticks, graph
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    assert graph.x_ticks[-1][1] == head[:8], graph.x_ticks
+    lefts = [left for left, _ in graph.x_ticks]
+    assert all(b - a >= 60 for a, b in itertools.pairwise(lefts)), graph.x_ticks
+
+
+def _first_parent_commits(count: int) -> list[str]:
+    """The newest `count` first-parent commits of this checkout's HEAD, oldest first."""
+    return subprocess.run(["git", "-C", str(ROOT), "rev-list", "--first-parent",
+                           f"--max-count={count}", "HEAD"], check=True, capture_output=True,
+                          text=True).stdout.split()[::-1]
+
+
+def test_the_regressions_page_lists_a_real_step_and_not_noise(tmp_path):
+    """Over real commits of this checkout, each row judged by its own noise, not asv's 5%: a
+    tight row that steps up 3% and stays there is listed; one that wobbles 10% on every
+    commit is not, nor a row of two commits 8% apart (too short to know its own noise, it
+    takes the wobbling row's); with no step anywhere the page says there is no regression."""
+    reason = dashboard.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    commits = _first_parent_commits(6)
+    if len(commits) < 6:
+        pytest.skip("needs 6 first-parent commits of HEAD (a shallow clone has fewer)")
+    cases = ["'step'", "'short'", "'wobbly'"]
+    listing = {BENCHMARK: {**_entry([["'xla'"], cases, ["'fwd'"]], "1"),
+                           "unit": "seconds", "type": "time"}}
+
+    def page(name: str, step: list[float], short: list[float | None]) -> tuple[str, list]:
+        results = tmp_path / name / "results"
+        _history(results, "gpu", commits, {BENCHMARK: {
+            ("xla", "step", "fwd"): step, ("xla", "short", "fwd"): short,
+            ("xla", "wobbly", "fwd"): [100e-6, 110e-6] * 3}})
+        (results / "benchmarks.json").write_text(json.dumps({**listing, "version": 2}))
+        html = dashboard.publish(results, tmp_path / name / "html", repo=ROOT,
+                                 branches=["HEAD"])
+        facts = dashboard.open_page(html, "regressions", tmp_path / f"{name}.png")
+        assert facts.problems() == [], facts.problems()
+        return (dashboard.page_content("regressions", facts.dom),
+                json.loads((html / "regressions.json").read_text())["regressions"])
+
+    content, found = page("step", [100e-6] * 3 + [103e-6] * 3, [None] * 4 + [100e-6, 108e-6])
+    assert [entry[0] for entry in found] == [f"{BENCHMARK}('xla', 'step', 'fwd')"], found
+    assert content == "regressions listed: 1 on HEAD", content
+    content, found = page("flat", [100e-6] * 6, [None] * 4 + [100e-6] * 2)
+    assert found == [] and content == 'regressions listed: 0 on HEAD ("No regression" said)', \
+        content
+
+
+def test_make_install_gets_every_script_asv_loads_from_a_cdn(monkeypatch):
+    """Every script and style sheet asv's index.html loads from a CDN has a local copy from a
+    Debian package (`make install` apt-gets those missing: --missing-packages), or, for flot's
+    orderBars alone, kernelperf.js's own; none is a stand-in for a library a page calls."""
+    asv_index = (Path(__import__("asv").__file__).parent / "www" / "index.html").read_text()
+    loaded = {match.group(2) for match in dashboard._CDN_TAG.finditer(asv_index)}
+    assert loaded == set(dashboard.VENDOR) | set(dashboard.SHIMS), loaded
+    assert set(dashboard.SHIMS) == {"jquery.flot.orderBars.js"}
+    assert dashboard.VENDOR["stupidtable.min.js"][0] == "libjs-jquery-stupidtable"
+    # Where the package's file is missing, make install is told to get that package.
+    wanted = dashboard.VENDOR["stupidtable.min.js"][1][0]
+    real = os.path.isfile
+    monkeypatch.setattr(os.path, "isfile", lambda path: path != wanted and real(path))
+    assert "libjs-jquery-stupidtable" in dashboard.missing_packages()
+    assert "libjs-jquery-stupidtable" in dashboard.APT_PACKAGES
+
+
+def test_check_pages_names_a_graph_the_dashboard_lacks_in_one_line(tmp_path, capsys):
+    (tmp_path / "index.html").write_text("<html></html>")
+    (tmp_path / "index.json").write_text(json.dumps({"benchmarks": {BENCHMARK: {}}}))
+    code = dashboard.main(["--check-pages", str(tmp_path), "--graph", "NoSuch.time_device"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, (code, err)
+    assert "--graph: expected one of the dashboard's benchmarks (Softmax.time_device), got " \
+           "'NoSuch.time_device'" in err[0], err

@@ -52,7 +52,7 @@ def test_a_jax_plant_survives_xla_and_adds_its_fraction_of_work():
 
 
 def test_a_whole_plant_is_one_row_short_of_the_call_so_xla_keeps_it():
-    """A fraction of 1 (a 50% plant scaled 2x, the README's CPU form) would run the very call
+    """A fraction of 1 (a 50% plant scaled 2x, the documented CPU form) would run the very call
     again, which XLA merged with the first: the CPU gate-power missed a "+50%" XLA plant."""
     import jax
 

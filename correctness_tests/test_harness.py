@@ -632,7 +632,7 @@ def test_check_hands_the_case_to_prepare_and_its_parameters_to_the_kernel():
     assert prepared == [case, case]
     assert called and all(kwargs == {"causal": True} for kwargs in called)
     assert [r.name for r in results] == [
-        f"attention-recording[{case.id}, normal, seed 0] {part}"
+        f"attention-recording[{case.id}, normal, seed 0, BF16] {part}"
         for part in ("output", "dq", "dk", "dv")]
 
 
@@ -640,7 +640,7 @@ def test_check_without_gradients_compares_the_output_alone(planted):
     impl = planted("correct-fwd-only", lambda x: jax.nn.softmax(x, axis=-1))
     (output,) = checking.check(impl, SOFTMAX_CASE, seed=3, distribution="large",
                                gradients=False)
-    assert output.name == "softmax-correct-fwd-only[f32-6x300, large, seed 3] output"
+    assert output.name == "softmax-correct-fwd-only[f32-6x300, large, seed 3, FP32] output"
     assert output.tolerance == registry.operation("softmax").tolerance(SOFTMAX_CASE)
 
 

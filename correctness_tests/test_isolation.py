@@ -1070,9 +1070,9 @@ def test_bad_drill_settings_are_refused_before_any_clone(flags, match):
 def test_the_drill_contains_an_abort_in_asv_on_a_cpu():
     """The drill end to end on a CPU, narrowed to one fault and to asv: it plants the abort in
     softmax-xla in a scratch clone of HEAD (committed code only), runs asv against it, and
-    finds it contained. Its pytest half is the README's `fault-drill --faults abort --tools
-    pytest`, which the README check runs (exit 1 unless contained); pytest's containment of an
-    abort beside the real implementations is the issue's test above."""
+    finds it contained. Its pytest half is docs/testing.md's `fault-drill --faults abort
+    --tools pytest`, which the README check runs (exit 1 unless contained); pytest's
+    containment of an abort beside the real implementations is the issue's test above."""
     lines: list[str] = []
     settings = drill.Settings(platform="cpu", faults=("abort",), tools=("asv",))
     assert drill.main_flow(settings, source=ROOT, log=lines.append) == 0, "\n".join(lines)

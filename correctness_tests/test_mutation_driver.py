@@ -70,7 +70,7 @@ def test_every_targets_modules_lie_where_mutmut_mutates():
     measuring = next(t for t in mutation.TARGETS if t.name == "gate-measuring")
     assert mutation.mutmut_paths(measuring) == (
         ["kernels", "perf_tests"], ["correctness_tests", "conftest.py", "asv.conf.json",
-                                    "README.md"])
+                                    "README.md", "docs"])
 
 
 def test_a_target_that_mutated_nothing_fails_saying_so(monkeypatch, capsys):
@@ -145,7 +145,7 @@ def test_a_rerun_of_survivors_says_when_mutmut_will_run_every_mutant_again(
     pytest's arguments): --rerun-survivors then reruns everything, and says so; with the same
     settings it stays quiet."""
     root = tmp_path / "root"
-    for folder in ("kernels", "correctness_tests", "perf_tests"):
+    for folder in ("kernels", "correctness_tests", "perf_tests", "docs"):
         (root / folder).mkdir(parents=True)
     for name in ("conftest.py", "asv.conf.json", "README.md"):
         (root / name).write_text("")
@@ -164,3 +164,12 @@ def test_a_rerun_of_survivors_says_when_mutmut_will_run_every_mutant_again(
     assert "t: mutmut's settings changed" in capsys.readouterr().err
     mutation._prepare(narrower, keep_results=True)  # recorded: the same settings again
     assert "runs every mutant again" not in capsys.readouterr().err
+
+
+def test_the_documents_the_defaults_tests_read_go_into_the_scratch_copy():
+    """cli-defaults' tests read the documented defaults from README.md and docs/*.md: a copy
+    without docs/ fails every mutant's tests alike, and every mutant reads as killed."""
+    from correctness_tests import documents
+
+    tops = {path.relative_to(documents.ROOT).parts[0] for path in documents.paths()}
+    assert "docs" in tops and tops <= set(mutation.COPIED), (tops, mutation.COPIED)

@@ -1,11 +1,14 @@
-"""The README stays true: its commands run as shown, and GPU-only ones refuse a CPU in one line.
+"""The documents stay true: their commands run as shown, and GPU-only ones refuse a CPU in one
+line.
 
 `test_every_cpu_command_in_the_readme_runs` (marker `readme`; run by `make readme-check`, part
 of `make test`, which sets KERNELPERF_README_CHECK=1) clones the committed HEAD into a
-temporary folder, gives it an empty home directory, and runs every command of the README's
-```bash blocks in order, each in its own shell with the project's .venv first on PATH.
-Commands labelled `# GPU`/`# GPUs` (need a CUDA GPU) or `# needs ...` (a remote host) are
-not run; `NOT_RUN` names the others left out and why.
+temporary folder, gives it an empty home directory, and runs every command of the ```bash
+blocks of README.md and then of every docs/*.md (by name; correctness_tests/documents.py), in
+order, each in its own shell with the project's .venv first on PATH. A command shown again in
+a later document is run once, where it first appears. Commands labelled `# GPU`/`# GPUs` (need
+a CUDA GPU) or `# needs ...` (a remote host) are not run; `NOT_RUN` names the others left out
+and why.
 asv runs are narrowed to `KERNELPERF_BENCH_IMPLS=xla` (the README's own knob) to keep CI short.
 Servers (`make dashboard`, `make xprof-serve`) count as working once they answer over HTTP;
 `make dashboard` must also list every shipped GPU machine and draw their time_device points
@@ -34,6 +37,7 @@ from pathlib import Path
 
 import pytest
 
+from correctness_tests import documents
 from kernels import cli
 from kernels.core import devices, tables
 
@@ -66,10 +70,12 @@ SERVER_START_S = 120
 
 @dataclasses.dataclass(frozen=True)
 class Command:
-    """One README command: its text (continuation lines joined) and its trailing comment."""
+    """One documented command: its text (continuation lines joined), its trailing comment and
+    the document that shows it."""
 
     text: str
     comment: str
+    document: str = "README.md"
 
     @property
     def label(self) -> str:
@@ -79,8 +85,9 @@ class Command:
         return "needs" if NEEDS_LABEL.match(self.comment) else "cpu"
 
 
-def readme_commands(text: str) -> list[Command]:
-    """The commands of every ```bash block, in order; comment lines dropped."""
+def readme_commands(text: str, document: str = "README.md") -> list[Command]:
+    """The commands of every ```bash block of `text` (the document `document`), in order;
+    comment lines dropped."""
     commands = []
     for block in re.findall(r"^```bash\n(.*?)^```", text, flags=re.M | re.S):
         pending = ""
@@ -91,13 +98,46 @@ def readme_commands(text: str) -> list[Command]:
                 pending += line.rstrip()[:-1].strip() + " "
                 continue
             command, _, comment = (pending + line.strip()).partition(" #")
-            commands.append(Command(" ".join(command.split()), comment.strip()))
+            commands.append(Command(" ".join(command.split()), comment.strip(), document))
             pending = ""
     return commands
 
 
+def documented_commands(root: Path) -> list[Command]:
+    """The commands of README.md, then of every docs/*.md by name, each in its document's
+    order; a command a later document shows again is left to its first showing."""
+    commands, seen = [], set()
+    for path in documents.paths(root):
+        for command in readme_commands(path.read_text(), path.relative_to(root).as_posix()):
+            if command.text not in seen:
+                seen.add(command.text)
+                commands.append(command)
+    return commands
+
+
+def test_every_document_with_commands_is_read_in_order_each_command_once(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("```bash\nmake a      # one\nmake b\n```\n")
+    (tmp_path / "docs" / "z.md").write_text("```bash\nmake z\nmake a      # again\n```\n")
+    (tmp_path / "docs" / "m.md").write_text("text\n```bash\nmake \\\n  m  # GPU\n```\n"
+                                            "```python\nnot_a_command()\n```\n")
+    (tmp_path / "docs" / "notes.txt").write_text("```bash\nmake txt\n```\n")
+    assert [(c.text, c.document, c.label) for c in documented_commands(tmp_path)] == [
+        ("make a", "README.md", "cpu"), ("make b", "README.md", "cpu"),
+        ("make m", "docs/m.md", "gpu"), ("make z", "docs/z.md", "cpu")]
+
+
+def test_the_check_reads_every_document_under_docs():
+    """Each docs/*.md's commands are among those the check runs: a document added under docs/
+    is checked with no other edit, and the README alone is not all of it."""
+    shown = {c.document for c in documented_commands(ROOT)}
+    with_commands = {path.relative_to(ROOT).as_posix() for path in documents.paths(ROOT)
+                     if readme_commands(path.read_text())}
+    assert shown == with_commands and "README.md" in shown and len(shown) >= 3, shown
+
+
 def test_readme_commands_are_parsed_and_gpu_ones_labelled():
-    commands = {c.text: c for c in readme_commands((ROOT / "README.md").read_text())}
+    commands = {c.text: c for c in documented_commands(ROOT)}
     assert commands["python -m kernels list"].label == "cpu"
     assert commands["make dashboard-screenshot RESULTS=perf_tests/results/asv "
                     "BENCH=Softmax.time_device PNG=traces/softmax.png "
@@ -118,8 +158,8 @@ def test_readme_commands_are_parsed_and_gpu_ones_labelled():
     assert commands["KERNELPERF_BENCH_IMPLS=xla KERNELPERF_BENCH_CASES=f32-64x1000 "
                     "KERNELPERF_BENCH_DIRECTIONS=fwd python -m asv find main~2..main "
                     "'Softmax\\.time_device'"].label == "cpu"
-    assert set(NOT_RUN) | set(VERDICTS) <= set(commands), \
-        "NOT_RUN or VERDICTS names a command the README no longer shows"
+    assert set(NOT_RUN) | set(VERDICTS) | set(SERVERS) <= set(commands), \
+        "NOT_RUN, VERDICTS or SERVERS names a command no document shows"
 
 
 # GPU-only commands of the README, as the CLI receives them, and the one line each must print
@@ -351,18 +391,18 @@ def test_every_cpu_command_in_the_readme_runs(tmp_path):
     report, failures = [], []
     logs = tmp_path / "logs"
     logs.mkdir()
-    commands = readme_commands((clone / "README.md").read_text())
+    commands = documented_commands(clone)
     # `make dashboard` once more at the end, on top of every local asv run above (plain asv
     # continuous and asv find among them): the shipped results must still be drawn.
     dashboard = next((c for c in commands if c.text == "make dashboard"), None)
     for index, command in enumerate([*commands, *([dashboard] if dashboard else [])]):
         if command.label != "cpu" or command.text in NOT_RUN:
             why = NOT_RUN.get(command.text, f"labelled # {command.comment}")
-            report.append((command.text, "-", "-", "-", f"not run: {why}"))
+            report.append((command.text, command.document, "-", "-", "-", f"not run: {why}"))
             continue
         again = index >= len(commands)
-        print(f"readme-check: {command.text}{' (again, after the local runs)' if again else ''}",
-              flush=True)
+        print(f"readme-check: {command.text} ({command.document})"
+              f"{' (again, after the local runs)' if again else ''}", flush=True)
         start = time.monotonic()
         silence = "-"
         if command.text in SERVERS:
@@ -377,8 +417,8 @@ def test_every_cpu_command_in_the_readme_runs(tmp_path):
             status = "-" if run.returncode is None else str(run.returncode)
             silence = f"{run.silence_s:.0f} s"
         seconds = time.monotonic() - start
-        report.append((command.text + (" (again)" if again else ""), status, f"{seconds:.0f} s",
-                       silence, outcome if ok else f"FAILED {outcome}"))
+        report.append((command.text + (" (again)" if again else ""), command.document, status,
+                       f"{seconds:.0f} s", silence, outcome if ok else f"FAILED {outcome}"))
         print(f"readme-check:   {seconds:.0f} s, silent at most {silence}, "
               f"{'ok' if ok else 'FAILED'}: {outcome}"[:400], flush=True)
         if status == "1" and command.text in VERDICTS:
@@ -387,13 +427,14 @@ def test_every_cpu_command_in_the_readme_runs(tmp_path):
             print("\n".join(f"    | {line}" for line in run.output.strip().splitlines()[-12:]),
                   flush=True)
         if not ok:
-            failures.append(f"{command.text}: {outcome}")
+            failures.append(f"{command.text} ({command.document}): {outcome}")
     untracked = subprocess.run(["git", "-C", str(clone), "status", "--porcelain"],
                                capture_output=True, text=True, check=True).stdout.split("\n")
     untracked = [line for line in untracked if line.strip() and not line.endswith(".venv")]
     if untracked:
         failures.append(f"files left in the clone outside ignored folders: {untracked}")
     print(tables.table([list(row) for row in report],
-                       ["command", "exit", "time", "longest silence", "outcome"]))
+                       ["command", "document", "exit", "time", "longest silence", "outcome"]))
     shutil.rmtree(clone / ".asv", ignore_errors=True)
-    assert not failures, "README commands that no longer work as shown:\n" + "\n".join(failures)
+    assert not failures, "documented commands that no longer work as shown:\n" + \
+        "\n".join(failures)

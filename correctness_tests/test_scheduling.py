@@ -84,6 +84,23 @@ def test_worker_count_fits_the_gpu(gpu_gib, cpus):
     assert str(plan.workers) in plan.describe()
 
 
+@pytest.mark.parametrize("gpu_gib", [141, 80, 40])
+def test_the_plan_keeps_room_for_the_perf_worker(gpu_gib):
+    """With the perf worker's room kept, the kernel-check workers and it fit the GPU together
+    (the perf worker at the largest perf case or light estimate, whichever is more)."""
+    estimates = scheduling.runnable_estimates(fakes.H100)
+    perf = scheduling.perf_estimate(fakes.H100)
+    plan = scheduling.plan(gpu_gib * GIB, estimates, 16, perf=perf)
+    heavy, light = plan.heavy_bytes, plan.light_bytes
+    held = heavy + (plan.workers - 1) * light + (plan.workers + 1) * scheduling.CONTEXT_BYTES \
+        + max(perf, light)
+    if plan.workers > 1:
+        assert held <= scheduling.CAPACITY_FRACTION * gpu_gib * GIB
+    assert plan.workers <= scheduling.plan(gpu_gib * GIB, estimates, 16).workers
+    # The largest perf case: softmax f32 32768x4096, whose backward moves 1.5 GiB.
+    assert perf == pytest.approx(scheduling.PERF_COPIES * 1.5 * GIB)
+
+
 def test_worker_count_without_heavy_items():
     plan = scheduling.plan(80 * GIB, [("a", 2 * GIB), ("b", 1 * GIB)], cpus=64)
     assert plan.workers == scheduling.MAX_WORKERS and plan.heavy_bytes == 0
@@ -138,38 +155,48 @@ def _config(numprocesses, dist="no", collectonly=False, markexpr=""):
 
 @pytest.fixture
 def on_h100(monkeypatch):
+    """The H100's plans: (kernel-check workers with room for a perf worker, without)."""
     monkeypatch.setattr(devices, "this_machine", lambda: fakes.H100)
     monkeypatch.setattr(fingerprint, "gpu_memory_bytes", lambda: 80 * GIB)
     monkeypatch.setattr(environment, "cpu_count", lambda: 16)
     monkeypatch.delenv(scheduling.WORKERS_VARIABLE, raising=False)
-    return scheduling.plan(80 * GIB, scheduling.runnable_estimates(fakes.H100), 16).workers
+    estimates = scheduling.runnable_estimates(fakes.H100)
+    return (scheduling.plan(80 * GIB, estimates, 16,
+                            perf=scheduling.perf_estimate(fakes.H100)).workers,
+            scheduling.plan(80 * GIB, estimates, 16).workers)
 
 
 def test_plain_command_on_a_gpu_takes_the_planned_workers_by_group(on_h100):
+    # The plan's workers for the kernel checks, and one more for the perf items.
     config = _config(None)
     conftest.pytest_cmdline_main(config)
-    assert on_h100 > 1 and config.option.numprocesses == on_h100
+    assert on_h100[0] > 1 and config.option.numprocesses == on_h100[0] + 1
     assert config.option.dist == "loadgroup"
-    assert config._kernelperf_plan[2] == on_h100
+    assert config._kernelperf_plan[2] == on_h100[0] + 1
+    assert "one more worker for the perf items" in config._kernelperf_plan[0].describe()
 
 
 @pytest.mark.parametrize("asked", [2, 64, "auto"])
 def test_asking_for_workers_on_a_gpu_never_exceeds_the_plan(on_h100, asked):
     config = _config(asked)
     conftest.pytest_cmdline_main(config)
-    expected = on_h100 if asked in (64, "auto") else 2
+    expected = {2: 2, 64: on_h100[1], "auto": on_h100[0] + 1}[asked]
     assert config.option.numprocesses == expected and config.option.dist == "loadgroup"
 
 
-@pytest.mark.parametrize("markexpr, serial", [
-    ("perf", True), ("gpu and perf", True), ("cuda and perf", True),
-    ("gpu", False), ("gpu and not perf", False), ("perf or small", False), ("", False)])
-def test_performance_only_runs_get_no_automatic_workers(on_h100, markexpr, serial):
-    # Perf items time the device: under workers that share it they would skip, so a run of
-    # them alone stays in one process; anything else keeps the plan. Asking still wins.
+@pytest.mark.parametrize("markexpr, serial, perf_worker", [
+    ("perf", True, False), ("gpu and perf", True, False), ("cuda and perf", True, False),
+    ("gpu", False, True), ("gpu and not perf", False, False), ("perf or small", False, True),
+    ("", False, True)])
+def test_performance_only_runs_get_no_automatic_workers(on_h100, markexpr, serial,
+                                                        perf_worker):
+    # A run of perf items alone stays in one process (it has the device to itself); a run
+    # that may select them among others gets the plan and a worker for them; a run that
+    # cannot, the plan alone. Asking still wins.
     config = _config(None, markexpr=markexpr)
     conftest.pytest_cmdline_main(config)
-    assert config.option.numprocesses == (None if serial else on_h100)
+    expected = None if serial else on_h100[0] + 1 if perf_worker else on_h100[1]
+    assert config.option.numprocesses == expected
     asked = _config(2, markexpr=markexpr)
     conftest.pytest_cmdline_main(asked)
     assert asked.option.numprocesses == 2

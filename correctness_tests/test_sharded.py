@@ -273,7 +273,7 @@ def test_bidirectional_ring_matches_reference(mesh):
     base = registry.implementation(matmul_spec.NAME, "collective")
     assert config != collective.default_config()
     impl = registry.Implementation(
-        op=base.op, name="collective_variant", prepare=base.prepare,
+        op=base.op, name="collective_variant", prepare=base.prepare, precision=base.precision,
         fn=lambda a, b, mesh: collective.matmul(a, b, mesh, config))
     if meshes.unavailable_reason(mesh):
         pytest.skip(meshes.unavailable_reason(mesh))

@@ -303,7 +303,7 @@ def test_a_gpu_with_no_known_l2_refuses_the_cold_regime():
 
 
 def test_stopping_rule_defaults_are_the_documented_ones(monkeypatch):
-    """README, "Timing and the roofline": converged under 0.5% CV after 20 samples and 20 ms,
+    """docs/profiling.md, "Timing": converged under 0.5% CV after 20 samples and 20 ms,
     else a 3 s budget on a GPU or 10,000 samples; launch cost over 20 calls."""
     monkeypatch.delenv("KERNELPERF_TIME_BUDGET", raising=False)
     rule = timing.StoppingRule()

@@ -27,7 +27,8 @@ Dashboard metrics, defined (so recorded) only when KERNELPERF_DASHBOARD_METRICS=
   track_tflops      achieved TFLOP/s           } from one `kernels.core.timing.measure`
   track_gbps        achieved GB/s              } per (implementation, case,
   track_roofline    fraction of the roofline   } direction) per commit,
-  track_speedup     over the best baseline     } shared by these four.
+  track_speedup     over the best baseline     } shared by these four
+                    of the kernel's precision  } (docs/precision.md).
   track_launch      host launch cost per call (us): Python, autograd, ctypes,
                     argument checks; pipelined calls, never device time.
 
@@ -269,19 +270,32 @@ class _DashboardMetrics:
     track_roofline.unit = "fraction of roofline"
 
     def track_speedup(self, *params) -> float:
-        """Best baseline's median time over ours, same case and direction (NaN for baselines)."""
+        """Best baseline's median time over ours, same case, direction and precision (NaN for
+        baselines). A baseline of another precision (cuBLAS's FP32 GEMM beside a TF32 kernel)
+        is never divided by; where only such baselines ran, the speedup is skipped, naming
+        them with their precision."""
         if self.impl.baseline:
             return float("nan")
         ours = self.record
-        peers = {}
+        platform = "gpu" if environment.nvidia_gpu_present() else "cpu"
+        precision = _precision(self.impl, self.case, platform)
+        peers, other_precision = {}, []
         for peer in registry.implementations(self.op_name):
             if not peer.baseline:
                 continue
             found = _records(type(self)).get((self.op_name, peer.name, self.case.id,
                                               self.direction))
-            if found is not None and found["event"] == "done":
-                peers[peer.name] = found
+            if found is None or found["event"] != "done":
+                continue
+            theirs = _precision(peer, self.case, platform)
+            if theirs != precision:
+                other_precision.append(f"{peer.name} ({theirs})")
+                continue
+            peers[peer.name] = found
         if not peers:
+            if other_precision:
+                _skip(f"no speedup: no baseline computed in {precision} "
+                      f"({', '.join(other_precision)}: another precision, never divided by)")
             return float("nan")
         other = sorted(name for name, found in peers.items()
                        if found["method"] != ours["method"])
@@ -297,6 +311,15 @@ class _DashboardMetrics:
         return self.record["launch_us"]
 
     track_launch.unit = "us per call (host)"
+
+
+def _precision(impl: registry.Implementation, case: registry.Case, platform: str) -> str:
+    """What `impl` computes `case` in on `platform` (FP32, TF32, BF16 ...), as the benchmarked
+    commit's kernels declare it; "" for every implementation of a commit from before they
+    declared precisions, whose speedups keep the meaning they had (over the best baseline of
+    any precision)."""
+    precision_of = getattr(registry, "precision_of", None)
+    return precision_of(impl, case, platform) if precision_of else ""
 
 
 def recording_dashboard_metrics() -> bool:

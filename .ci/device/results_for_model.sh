@@ -1,5 +1,6 @@
 # Issue 15: asv results (dashboard metrics included) and a softmax roofline for this GPU model,
-# packed into $OUT/results.tgz for perf_tests/results/archive/. BENCH_IMPLS/BENCH_CASES narrow asv.
+# packed into $OUT/results.tgz (dated logs go to the `archive` branch, not main; the asv results
+# to ship go to perf_tests/results/asv/). BENCH_IMPLS/BENCH_CASES narrow asv.
 source .ci/device/common.sh
 cd "$REPO"
 stamp kernels bench

@@ -34,11 +34,12 @@ import dataclasses
 import itertools
 import json
 import math
+import statistics
 import subprocess
 import time
 from pathlib import Path
 
-from kernels.bench import recover
+from kernels.bench import listing, recover
 from kernels.core import environment
 
 LOWER_IS_BETTER = {"time_device": True, "track_tflops": False, "track_gbps": False,
@@ -247,10 +248,8 @@ def bench(revisions: list[str], *, bench_regex: str | None = None,
             recover.recover_all(name)
             raise
         # asv's list now names the dashboard metrics; a later plain `asv run` rewrites it
-        # without them, so the dashboard keeps this one (kernels.bench.dashboard.KEPT_LIST).
-        from kernels.bench import dashboard
-
-        dashboard.keep_benchmark_list(Path(".asv/results"), dashboard.KEPT_LIST)
+        # without them, so the dashboard keeps this one (kernels.bench.listing.KEPT_LIST).
+        listing.keep_benchmark_list(Path(".asv/results"), listing.KEPT_LIST)
     return name
 
 
@@ -265,20 +264,38 @@ def load(results_dir: str, machine: str, commit: str) -> dict[tuple[str, tuple[s
 
     found: dict[tuple[str, tuple[str, ...]], Result] = {}
     for res in asv_results.iter_results_for_machine_and_hash(results_dir, machine, commit):
-        for key in res.get_all_result_keys():
-            started_at = res.started_at.get(key)
-            params = res.get_result_params(key)
-            combos = list(itertools.product(*params)) if params else [()]
-            values = res.get_result_value(key, params)
-            samples = res.get_result_samples(key, params)
-            stats = res.get_result_stats(key, params)
-            # An unparametrized benchmark's fields come as one-element lists too (asv's
-            # _compatible_results), matching its one combination, ().
-            for combo, value, sample, stat in zip(combos, values, samples, stats, strict=True):
-                if value is not None and isinstance(value, float) and math.isnan(value):
-                    value = None
-                found[(key, tuple(combo))] = Result(value, sample, stat, started_at)
+        found.update(_rows(res))
     return found
+
+
+def _rows(res) -> dict[tuple[str, tuple[str, ...]], Result]:
+    """Every (benchmark, parameters) result of one asv Results object."""
+    found: dict[tuple[str, tuple[str, ...]], Result] = {}
+    for key in res.get_all_result_keys():
+        started_at = res.started_at.get(key)
+        params = res.get_result_params(key)
+        combos = list(itertools.product(*params)) if params else [()]
+        values = res.get_result_value(key, params)
+        samples = res.get_result_samples(key, params)
+        stats = res.get_result_stats(key, params)
+        # An unparametrized benchmark's fields come as one-element lists too (asv's
+        # _compatible_results), matching its one combination, ().
+        for combo, value, sample, stat in zip(combos, values, samples, stats, strict=True):
+            if value is not None and isinstance(value, float) and math.isnan(value):
+                value = None
+            found[(key, tuple(combo))] = Result(value, sample, stat, started_at)
+    return found
+
+
+def history(results_dir: str | Path, machine: str) -> list[dict[tuple[str, tuple[str, ...]],
+                                                                Result]]:
+    """Every result asv stored for `machine`, one dict per commit (as `load`), oldest commit
+    first (asv's commit date; the history of main is linear, so this is its order)."""
+    from asv import results as asv_results
+
+    runs = sorted(asv_results.iter_results_for_machine(str(results_dir), machine),
+                  key=lambda res: (res.date or 0, res.commit_hash))
+    return [_rows(res) for res in runs]
 
 
 def _method(benchmark: str) -> str:
@@ -634,7 +651,23 @@ def _floors_file(machine: str, results_dir: str) -> dict:
 
 
 def load_floors(machine: str, results_dir: str = ".asv/results") -> dict[str, float]:
-    return _floors_file(machine, results_dir)["floors"]
+    """This machine's noise floors; where it has learned none, those the repository ships for
+    its model (kernels/models/<machine>/noise-floors.json, written by `python -m kernels
+    bringup` on that model), never another model's; {} where neither is."""
+    if floors_path(machine, results_dir).exists():
+        return _floors_file(machine, results_dir)["floors"]
+    return shipped_floors(machine)
+
+
+def shipped_floors(machine: str, root: Path | None = None) -> dict[str, float]:
+    """The noise floors shipped for the asv machine `machine` (a one-GPU machine is named by
+    its model), or {}."""
+    from kernels.core import fingerprint, modeldata
+
+    if fingerprint.normalise(machine) != machine:
+        return {}
+    data = modeldata.read(machine, modeldata.NOISE_FLOORS, root)
+    return dict(data["floors"]) if data else {}
 
 
 def learn_floors(revision: str, runs: int, *, bench_regex: str | None = None,
@@ -672,3 +705,90 @@ def learn_floors(revision: str, runs: int, *, bench_regex: str | None = None,
     print(table(rows, ["benchmark", "noise floor", "source"]))
     print(f"wrote {path}: {len(floors)} learned now, {len(kept)} kept from earlier runs")
     return floors
+
+
+# The dashboard's Regressions page (asv publish's step detection, kernels.bench.dashboard):
+# the relative step a row's history must take to be listed, per row from its measured noise,
+# instead of asv's 5% for every row. Searched: the lower-is-better rows the gate judges; not
+# the higher-is-better metrics, which asv reads upside down (a rise in TFLOP/s would be
+# listed; their drops are time_device's), nor the host launch cost, which is never gated.
+REGRESSION_SEARCHED = ("time_device", "track_peak_memory")
+# Commits of a row a machine needs before the row's scatter between commits counts as noise
+# (three steps between commits: fewer give no median worth the name).
+MIN_HISTORY = 4
+# The median |log step| between commits of a series of pure noise is 0.6745 standard
+# deviations of one step (normal); 1 / 0.6745, as in robust_cv's MAD.
+_MAD_TO_SD = 1.4826
+
+
+def regression_thresholds(results_dir: str | Path) -> dict[str, Threshold]:
+    """Per row of the searched benchmarks (asv's entry name, `floor_key`), the relative step
+    its history must exceed to count as a regression, and what set it; the largest over the
+    machines of `results_dir` that have the row.
+
+    time_device, on each machine, the largest of: the gate's gap between consecutive commits
+    (`threshold`: 1%, 4 standard errors of the ratio of medians from the samples' spread, the
+    machine's learned noise floor), the largest over the pairs; and NOISE_SIGMAS standard
+    deviations of a step between commits, estimated from the median |log step| (a real step
+    is one among many, so it hardly moves the median): from the row's own steps where it has
+    MIN_HISTORY commits, else from the steps of every row that has (runs on other hosts and
+    days scatter more than one run's samples say, and a short history cannot tell by itself).
+    track_peak_memory: compiled bytes, the same on every run, so the gate's 1%.
+    """
+    from asv import util as asv_util
+
+    root = Path(results_dir)
+    machines = sorted(p.name for p in root.iterdir() if (p / "machine.json").is_file()) \
+        if root.is_dir() else []
+    series: dict[tuple[str, tuple[str, tuple[str, ...]]], list[Result]] = {}
+    floors: dict[str, dict[str, float]] = {}
+    for machine in machines:
+        floors[machine] = load_floors(machine, str(root))
+        try:
+            runs = history(root, machine)
+        except asv_util.UserError:  # a results file asv cannot read: nothing to learn from
+            continue
+        for run in runs:
+            for key, result in run.items():
+                if _method(key[0]) in REGRESSION_SEARCHED and result.value:
+                    series.setdefault((machine, key), []).append(result)
+    long = [results for (_, key), results in series.items()
+            if _method(key[0]).startswith("time_") and len(results) >= MIN_HISTORY]
+    pooled = _scatter([step for results in long for step in _steps(results)])
+    found: dict[str, Threshold] = {}
+    for (machine, key), results in series.items():
+        name = floor_key(key)
+        if _method(key[0]) == "track_peak_memory":
+            bar = Threshold(DEFAULT_MIN_GAP, "compiled bytes, the same every run: 1%")
+        else:
+            bar = _row_noise(key[0], results, floors[machine].get(name, 0.0), machine,
+                             (pooled, len(long)))
+        if name not in found or bar.gap > found[name].gap:
+            found[name] = bar
+    return found
+
+
+def _steps(results: list[Result]) -> list[float]:
+    return [abs(math.log(b.value / a.value)) for a, b in itertools.pairwise(results)]
+
+
+def _scatter(steps: list[float]) -> float | None:
+    """NOISE_SIGMAS standard deviations of a step, from the median of `steps` (relative)."""
+    return math.expm1(NOISE_SIGMAS * _MAD_TO_SD * statistics.median(steps)) if steps else None
+
+
+def _row_noise(benchmark: str, results: list[Result], floor: float, machine: str,
+               pooled: tuple[float | None, int]) -> Threshold:
+    """One time_ row's regression threshold on one machine (see regression_thresholds);
+    `pooled`: the scatter of every row with a history, and how many rows those are."""
+    pairs = list(itertools.pairwise(results)) or [(results[0], results[0])]
+    bar = max((threshold(benchmark, a, b, floor=floor) for a, b in pairs), key=lambda t: t.gap)
+    bar = Threshold(bar.gap, f"{machine}: {bar.why or f'min gap {DEFAULT_MIN_GAP:.0%}'}")
+    if len(results) >= MIN_HISTORY:
+        scatter = _scatter(_steps(results))
+        why = f"{machine}: its scatter between {len(results)} commits"
+    else:
+        scatter, rows = pooled
+        why = (f"{machine}: {len(results)} commit(s); the scatter between commits of the "
+               f"{rows} rows with {MIN_HISTORY} or more")
+    return Threshold(scatter, why) if scatter is not None and scatter > bar.gap else bar

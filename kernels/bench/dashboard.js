@@ -53,31 +53,105 @@ $(document).ready(function () {
     var TIME_UNITS = [['ns', 1e-9], ['µs', 1e-6], ['ms', 1e-3], ['s', 1]];
     var BYTE_UNITS = [['B', 1], ['kB', 1e3], ['MB', 1e6], ['GB', 1e9], ['TB', 1e12]];
     var SPREAD_FOR_LOG = 5;
+    // A commit hash (8 characters at 12px) and a gap; the y axis' labels beside the plot.
+    var TICK_SPACING = 80;
+    var Y_LABELS_PX = 70;
 
     function defaults_for(benchmark) {
         var extra = $.asv.main_json.kernelperf || {};
         return (extra.defaults || {})[benchmark] || null;
     }
 
-    /* Filters the URL does not set come from the defaults (a user's choice is kept). */
+    /* `chosen`'s filters that the URL does not set (a user's choice is kept). */
+    function take_defaults(params, chosen) {
+        $.each(chosen || {}, function (key, values) {
+            if (params[key] === undefined) {
+                params[key] = values.slice();
+            }
+        });
+    }
+
+    /* Filters the URL does not set come from the defaults: a graph's (values and machines
+       with points) and the benchmark list's (the machine with the most benchmarks). The
+       regressions page says what its thresholds are, and that there is none, where none. */
     var register_page = $.asv.register_page;
     $.asv.register_page = function (name, show) {
+        var show_page = show;
         if (name === 'graphdisplay') {
-            var show_graph = show;
             show = function (params) {
-                var chosen = defaults_for(params.benchmark);
-                if (chosen) {
-                    $.each(chosen, function (key, values) {
-                        if (params[key] === undefined) {
-                            params[key] = values.slice();
-                        }
-                    });
-                }
-                return show_graph(params);
+                take_defaults(params, defaults_for(params.benchmark));
+                return show_page(params);
+            };
+        } else if (name === 'summarylist') {
+            show = function (params) {
+                take_defaults(params, ($.asv.main_json.kernelperf || {}).list);
+                return show_page(params);
+            };
+        } else if (name === 'regressions') {
+            show = function (params) {
+                var result = show_page(params);
+                watch_regressions();
+                return result;
             };
         }
         register_page(name, show);
     };
+
+    function percent(v) {
+        return (100 * v).toFixed(v < 0.1 ? 1 : 0) + '%';
+    }
+
+    /* asv builds the page's tables when regressions.json arrives, and again on every
+       change of branch or grouping: each time, the note on thresholds above them, a line
+       where a branch's table is empty, and the rows per branch in data-kernelperf. */
+    function annotate_regressions() {
+        var body = $('#regressions-body'), main = body.children().first();
+        if (!main.length || !main.find('.regression-div').length) {
+            return;
+        }
+        var info = ($.asv.main_json.kernelperf || {}).regressions || {};
+        if (!main.find('#kernelperf-thresholds').length) {
+            var note = $('<p id="kernelperf-thresholds" style="margin: 8px 0"/>');
+            var searched = (info.searched || []).join(' and ');
+            if (info.rows) {
+                note.append(document.createTextNode(
+                    'A step counts when it exceeds its row\'s threshold, from that row\'s ' +
+                    'measured noise: ' + info.rows + ' rows of ' + searched + ', ' +
+                    percent(info.min) + ' to ' + percent(info.max) + ' (median ' +
+                    percent(info.median) + '); each with its reason in '));
+                note.append($('<a/>').attr('href', info.file).text(info.file));
+                note.append(document.createTextNode(
+                    '. Throughput, roofline and speedup (higher is better) and the host ' +
+                    'launch cost (never gated) are not searched.'));
+            } else {
+                note.text('No row has a threshold from measured noise: asv\'s 5% applies.');
+            }
+            main.prepend(note);
+        }
+        var branches = $.asv.main_json.params.branch || [null], rows = {};
+        main.find('.regression-div').each(function () {
+            var div = $(this), table = div.children('table').not('.ignored').first();
+            var count = table.find('tbody tr').length;
+            var index = parseInt((div.attr('id') || '').replace('regression-div-', ''), 10);
+            rows[branches[index] || ''] = count;
+            if (!count && !div.children('.kernelperf-none').length) {
+                table.after($('<p class="kernelperf-none"/>').text(
+                    'No regression: no step in this branch\'s history exceeds its ' +
+                    'row\'s threshold.'));
+            }
+        });
+        body.attr('data-kernelperf', JSON.stringify({rows: rows}));
+    }
+
+    var regressions_watched = false;
+    function watch_regressions() {
+        annotate_regressions();
+        if (!regressions_watched && window.MutationObserver) {
+            regressions_watched = true;
+            new MutationObserver(annotate_regressions).observe(
+                document.getElementById('regressions-body'), {childList: true, subtree: true});
+        }
+    }
 
     function has_points(series) {
         for (var i = 0; i < series.data.length; ++i) {
@@ -233,8 +307,24 @@ $(document).ready(function () {
         y.tickFormatter = plain_formatter(scale);
     }
 
+    /* Of the revisions (ascending), those to label on an axis `width` pixels wide, at
+       `position` (revision -> axis units, from..to): the newest always, then each older one
+       at least TICK_SPACING pixels left of the last one kept, so hashes never overlap however
+       the commits cluster (a CPU's HEAD far right of the GPUs' history). */
+    function spaced_ticks(revisions, position, from, to, width) {
+        var kept = [], right = Infinity;
+        for (var i = revisions.length - 1; i >= 0; --i) {
+            var px = (position(revisions[i]) - from) / (to - from) * width;
+            if (right - px >= TICK_SPACING) {
+                kept.unshift(revisions[i]);
+                right = px;
+            }
+        }
+        return kept;
+    }
+
     /* The commit axis: revisions as x; ticks at the commits that have points, labelled with
-       their hashes (at most one per 90 pixels), and half a step of margin at each end. */
+       their hashes (spaced_ticks), and a margin at each end. */
     function commit_axis(options, graphs, width) {
         var x = options.xaxis, revisions = [];
         $.each(graphs, function (i, s) {
@@ -248,15 +338,10 @@ $(document).ready(function () {
         if (!revisions.length) {
             return;
         }
-        var room = Math.max(1, Math.floor(width / 90));
-        var every = Math.ceil(revisions.length / room);
-        x.ticks = [];
-        for (var i = 0; i < revisions.length; i += every) {
-            x.ticks.push([revisions[i], $.asv.get_commit_hash(revisions[i]) || '']);
-        }
         x.tickFormatter = null;
         x.axisLabel = 'commit';
         var first = revisions[0], last = revisions[revisions.length - 1];
+        var position = function (v) { return v; };
         if (x.transform) {  // even spacing: commit index; keep a margin outside the data
             var to_index = x.transform, to_value = x.inverseTransform;
             x.transform = function (v) {
@@ -265,6 +350,7 @@ $(document).ready(function () {
             x.inverseTransform = function (v) {
                 return v < 0 ? first : v > revisions.length - 1 ? last : to_value(v);
             };
+            position = x.transform;
             if (x.min == null && x.max == null) {
                 x.min = first - 1;
                 x.max = last + 1;
@@ -274,6 +360,17 @@ $(document).ready(function () {
             x.min = first - pad;
             x.max = last + pad;
         }
+        // Zoomed in (asv's selection sets min and max): only the commits in view.
+        var shown = $.grep(revisions, function (v) {
+            return !(x.min != null && v < x.min) && !(x.max != null && v > x.max);
+        });
+        var from = position(x.min != null ? x.min : first);
+        var to = position(x.max != null ? x.max : last);
+        if (!(to > from)) {
+            to = from + 1;
+        }
+        x.ticks = $.map(spaced_ticks(shown, position, from, to, width - Y_LABELS_PX),
+                        function (v) { return [[v, $.asv.get_commit_hash(v) || '']]; });
     }
 
     /* Bars: slots in the order of the benchmark's parameter values (flot would order them
@@ -371,6 +468,8 @@ $(document).ready(function () {
             kept.sort(function (a, b) { return a.label < b.label ? -1 : a.label > b.label ? 1 : 0; });
             if (id === 'main-graph') {
                 var unit = $.asv.main_json.benchmarks[benchmark].unit;
+                // The legend first: it narrows the plot, which the commit ticks are spaced in.
+                place_legend(placeholder, options, kept);
                 if (options.xaxis.mode === 'categories') {
                     category_axis(options, kept);
                 } else if (options.xaxis.axisLabel === 'commits') {
@@ -379,7 +478,6 @@ $(document).ready(function () {
                     options.xaxis.autoscaleMargin = 0.04;
                 }
                 y_axis(options, kept, unit);
-                place_legend(placeholder, options, kept);
                 record(placeholder, kept, hidden, options);
             }
             data = kept;

@@ -48,13 +48,15 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from kernels.bench.listing import KEPT_LIST, merge_entry, union
 from kernels.core import vcs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,22 +75,24 @@ VENDOR = {
         "jquery.flot.min.js", "jquery.flot.time.min.js", "jquery.flot.selection.min.js",
         "jquery.flot.categories.min.js")},
     "md5.min.js": ("node-blueimp-md5", ["/usr/share/javascript/blueimp-md5/md5.min.js"]),
+    # 1.1.3 for asv's 1.0.1: the API asv's benchmark list and regressions page call,
+    # $table.stupidtable(sorters) and $th.stupidsort(direction) (their first sort on open).
+    "stupidtable.min.js": ("libjs-jquery-stupidtable",
+                           ["/usr/share/javascript/jquery-stupidtable/stupidtable.min.js"]),
     "bootstrap.min.js": ("libjs-bootstrap", [f"{_BOOTSTRAP}/js/bootstrap.min.js"]),
     "bootstrap.min.css": ("libjs-bootstrap", [f"{_BOOTSTRAP}/css/bootstrap.min.css"]),
 }
-# Plug-ins with no Debian copy; what stands in for them.
+# The plug-in with no Debian copy: flot's orderBars, written anew in dashboard.js (loaded
+# later, so this file only has to exist).
 SHIMS = {
     "jquery.flot.orderBars.js": "/* kernelperf: orderBars is in kernelperf.js (dashboard.js) */\n",
-    "stupidtable.min.js": "/* kernelperf: stupidtable left out; tables not sortable */\n"
-                          "jQuery.fn.stupidtable = function () { return this; };\n",
 }
 # kernelperf's script (dashboard.js), published as kernelperf.js and loaded right after asv.js.
 SCRIPT = Path(__file__).with_name("dashboard.js")
 SCRIPT_NAME = "kernelperf.js"
+# Each searched row's regression threshold and what set it, beside the published pages.
+THRESHOLDS_NAME = "regression-thresholds.json"
 _ASV_SCRIPT = re.compile(r'(<script[^>]*src="asv\.js"[^>]*>\s*</script>)')
-# The benchmark list `python -m kernels bench` last wrote (dashboard metrics included), kept
-# beside asv's folders: a plain `asv run` rewrites .asv/results/benchmarks.json without them.
-KEPT_LIST = ROOT / ".asv" / "dashboard-benchmarks.json"
 # Machine keys that describe the host rather than the device: asv draws one line per
 # distinct set of a result's params, and the lent VMs of one GPU model differ in these
 # (cores, memory, the form of the CPU and OS strings), which would cut that model's history
@@ -191,12 +195,38 @@ def run_asv(config: dict, *args: str, env: dict | None = None) -> str:
     return result.stdout
 
 
+def regression_settings(results_dir: str | os.PathLike) -> tuple[dict, dict]:
+    """The Regressions page's asv settings for `results_dir`, and the thresholds they hold:
+    each searched row's threshold from its measured noise (asv's `regressions_thresholds`,
+    keyed by the row's escaped entry name, which asv matches against the name and
+    "@branch"; it takes the largest match) and the other benchmarks left out of the search
+    (`regressions_first_commits` null). asv_tools.regression_thresholds says how."""
+    from kernels.bench import asv_tools
+
+    found = asv_tools.regression_thresholds(results_dir)
+    searched = "|".join(asv_tools.REGRESSION_SEARCHED)
+    return {"regressions_thresholds": {re.escape(name): bar.gap for name, bar in found.items()},
+            "regressions_first_commits": {
+                rf"benchmarks\.[^.(]+\.(?!({searched})([(@]|$))": None}}, found
+
+
+def write_thresholds(html_dir: str | os.PathLike, found: dict) -> Path:
+    """The thresholds (`regression_settings`) beside the published pages, with what set each."""
+    path = Path(html_dir) / THRESHOLDS_NAME
+    path.write_text(json.dumps({name: {"threshold": round(bar.gap, 5), "why": bar.why}
+                                for name, bar in sorted(found.items())}, indent=1))
+    return path
+
+
 def publish(results_dir: str | os.PathLike, html_dir: str | os.PathLike, *,
             repo: str | os.PathLike = ROOT, branches: list[str] | None = None) -> Path:
-    """`asv publish` of `results_dir` into `html_dir`, which then works offline (`prepare`)."""
+    """`asv publish` of `results_dir` into `html_dir`, regressions searched with thresholds
+    from the results' noise (`regression_settings`); it then works offline (`prepare`)."""
     html_dir = Path(html_dir).resolve()
-    run_asv(asv_config(Path(repo).resolve(), Path(results_dir).resolve(), html_dir, branches),
-            "publish", "--no-pull")
+    settings, found = regression_settings(results_dir)
+    run_asv({**asv_config(Path(repo).resolve(), Path(results_dir).resolve(), html_dir, branches),
+             **settings}, "publish", "--no-pull")
+    write_thresholds(html_dir, found)
     prepare(html_dir)
     return html_dir
 
@@ -219,9 +249,24 @@ def prepare(html_dir: str | os.PathLike, *,
     defaults = view_defaults(html_dir)
     index_json = html_dir / "index.json"
     index = json.loads(index_json.read_text())
-    index["kernelperf"] = {"defaults": defaults}
+    index["kernelperf"] = {"defaults": defaults,
+                           "list": {"machine": list_machine(html_dir, defaults)},
+                           "regressions": _thresholds_summary(html_dir)}
     index_json.write_text(json.dumps(index, separators=(",", ":")))
     return defaults
+
+
+def _thresholds_summary(html_dir: Path) -> dict:
+    """What the Regressions page says of its thresholds (THRESHOLDS_NAME, where written)."""
+    from kernels.bench import asv_tools
+
+    path = html_dir / THRESHOLDS_NAME
+    found = json.loads(path.read_text()) if path.is_file() else {}
+    gaps = sorted(entry["threshold"] for entry in found.values())
+    return {"file": THRESHOLDS_NAME if path.is_file() else None, "rows": len(gaps),
+            "min": gaps[0] if gaps else None, "max": gaps[-1] if gaps else None,
+            "median": statistics.median(gaps) if gaps else None,
+            "searched": list(asv_tools.REGRESSION_SEARCHED)}
 
 
 def _flat_combinations(shape: list[int]) -> list[tuple[int, ...]]:
@@ -294,22 +339,23 @@ def view_defaults(html_dir: str | os.PathLike) -> dict[str, dict[str, list[str]]
                                                               for i in sorted(chosen)]
         if branch is not None:
             chosen_values["branch"] = [branch]
+        # Only machines with points: asv would fetch this graph for every machine, and a
+        # machine without it (a multi-GPU one has only the sharded operations) is a 404.
+        chosen_values["machine"] = [m for m in index["params"].get("machine", [])
+                                    if seen.get((branch, m))]
         defaults[name] = chosen_values
     return defaults
 
 
-def _union(lists: list[list]) -> list:
-    return list(dict.fromkeys(item for values in lists for item in values))
-
-
-def _merge_entry(merged: dict[str, dict], name: str, entry: dict) -> None:
-    """Lay `entry` over the merged list's entry of `name`, each parameter's values the union."""
-    before = merged.get(name)
-    merged[name] = dict(entry)
-    if before and before.get("params") and entry.get("params") and \
-            len(before["params"]) == len(entry["params"]):
-        merged[name]["params"] = [_union([a, b]) for a, b in zip(before["params"],
-                                                                 entry["params"], strict=True)]
+def list_machine(html_dir: str | os.PathLike, defaults: dict[str, dict[str, list[str]]]
+                 ) -> list[str]:
+    """The machine the benchmark list opens on: the one with points for the most benchmarks
+    (`view_defaults`), asv's order breaking ties; asv would open on its first machine."""
+    machines = json.loads((Path(html_dir) / "index.json").read_text())["params"].get(
+        "machine", [])
+    counts = {m: sum(m in chosen.get("machine", []) for chosen in defaults.values())
+              for m in machines}
+    return [max(machines, key=lambda m: (counts[m], -machines.index(m)))] if machines else []
 
 
 def _column(result: dict, name: str) -> int | None:
@@ -360,7 +406,7 @@ def combine_results(sources: list[str | os.PathLike], into: str | os.PathLike, *
         if listing.is_file():
             for name, entry in json.loads(listing.read_text()).items():
                 if isinstance(entry, dict):
-                    _merge_entry(merged, name, entry)
+                    merge_entry(merged, name, entry)
     # Every result file of every machine: the parameters it holds, and per (machine,
     # benchmark) the version of the newest run.
     files = result_files(into)
@@ -375,7 +421,7 @@ def combine_results(sources: list[str | os.PathLike], into: str | os.PathLike, *
                 continue
             stored = row[at_params] if at_params is not None and len(row) > at_params else None
             if stored and len(stored) == len(merged[name].get("params") or []):
-                merged[name]["params"] = [_union([a, b]) for a, b in
+                merged[name]["params"] = [union([a, b]) for a, b in
                                           zip(merged[name]["params"], stored, strict=True)]
             version = row[at_version] if at_version is not None and len(row) > at_version \
                 else None
@@ -427,25 +473,6 @@ def combine_results(sources: list[str | os.PathLike], into: str | os.PathLike, *
     return lines
 
 
-def keep_benchmark_list(results_dir: str | os.PathLike = LOCAL_RESULTS,
-                        kept: str | os.PathLike = KEPT_LIST) -> None:
-    """Merge the benchmark list asv just wrote into `kept` (newer entries win), which
-    publishing reads: the list of a `python -m kernels bench` run names the dashboard metrics,
-    and the next plain `asv run` rewrites asv's own list without them."""
-    listing, kept = Path(results_dir) / "benchmarks.json", Path(kept)
-    if not listing.is_file():
-        return
-    merged: dict[str, dict] = {}
-    for path in (kept, listing):
-        if path.is_file():
-            for name, entry in json.loads(path.read_text()).items():
-                if isinstance(entry, dict):
-                    _merge_entry(merged, name, entry)
-    merged["version"] = 2
-    kept.parent.mkdir(parents=True, exist_ok=True)
-    kept.write_text(json.dumps(merged, indent=1))
-
-
 def _current_branch(repo: Path) -> str | None:
     result = vcs.git(repo, "rev-parse", "--abbrev-ref", "HEAD", check=False)
     branch = result.stdout.strip()
@@ -484,14 +511,22 @@ def publish_all(html_dir: str | os.PathLike = ROOT / ".asv" / "html", *,
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    failed: list[str] | None = None  # where a request the server could not answer is noted
+
     def log_message(self, format, *args) -> None:  # noqa: A002 (the base class's name)
         pass
 
+    def log_request(self, code="-", size="-") -> None:
+        if self.failed is not None and str(code).isdigit() and int(code) >= 400:
+            self.failed.append(f"{int(code)} {self.path}")
+
 
 @contextlib.contextmanager
-def serve(directory: str | os.PathLike) -> Iterator[str]:
-    """Serve `directory` on a free 127.0.0.1 port in a thread; yields its base URL."""
-    handler = functools.partial(_QuietHandler, directory=str(directory))
+def serve(directory: str | os.PathLike, failed: list[str] | None = None) -> Iterator[str]:
+    """Serve `directory` on a free 127.0.0.1 port in a thread; yields its base URL. Each
+    request it cannot answer ("404 /graphs/...") is appended to `failed`, if given."""
+    handler = functools.partial(type("_Handler", (_QuietHandler,), {"failed": failed}),
+                                directory=str(directory))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -503,9 +538,21 @@ def serve(directory: str | os.PathLike) -> Iterator[str]:
         thread.join()
 
 
+# Headless chromium now and then never returns from a run with a virtual time budget (seen on
+# the 2-core machine: a screenshot of the benchmark list hung past 60 s, then past 300 s, at
+# loads of 10 and 5; then 8 s by hand and 14 s here): a run past its time limit is tried afresh.
+CHROMIUM_ATTEMPTS = 2
+# What chromium's log (--enable-logging=stderr) says of a message a page wrote to its console
+# or an error it did not catch: '[...:INFO:CONSOLE:432] "Uncaught TypeError: ...", source:
+# http://.../summarylist.js (432)' (older versions: CONSOLE(432)). Every level logs as INFO.
+_CONSOLE_LINE = re.compile(r':CONSOLE[^\]]*\] "(?P<message>.*)", source: (?P<source>\S*) '
+                           r'\((?P<line>\d+)\)\s*$')
+
+
 def _chromium(url: str, *action: str, size: tuple[int, int], budget_ms: int,
-              timeout: float) -> str:
-    """Headless chromium on `url` with `action` (--dump-dom or --screenshot=PATH); stdout."""
+              timeout: float, console: list[str] | None = None) -> str:
+    """Headless chromium on `url` with `action` (--dump-dom or --screenshot=PATH); stdout.
+    Each console message of the page ("message (source:line)") is appended to `console`."""
     executable = browser()
     if executable is None:
         raise FileNotFoundError(unavailable_reason())
@@ -513,11 +560,84 @@ def _chromium(url: str, *action: str, size: tuple[int, int], budget_ms: int,
         command = [executable, "--headless", "--no-sandbox", "--disable-gpu",
                    "--disable-dev-shm-usage", "--no-first-run", "--hide-scrollbars",
                    f"--user-data-dir={profile}", f"--window-size={size[0]},{size[1]}",
-                   f"--virtual-time-budget={budget_ms}", *action, url]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+                   f"--virtual-time-budget={budget_ms}", "--enable-logging=stderr", "--v=0",
+                   *action, url]
+        for attempt in range(CHROMIUM_ATTEMPTS):
+            try:
+                result = subprocess.run(command, capture_output=True, text=True,
+                                        timeout=timeout)
+                break
+            except subprocess.TimeoutExpired:
+                if attempt == CHROMIUM_ATTEMPTS - 1:
+                    raise RuntimeError(f"chromium did not finish {url} within {timeout:g} s, "
+                                       f"{CHROMIUM_ATTEMPTS} times ({' '.join(action)})"
+                                       ) from None
     if result.returncode:
         raise RuntimeError(f"chromium failed ({result.returncode}): {result.stderr[-2000:]}")
+    if console is not None:
+        for line in result.stderr.splitlines():
+            if found := _CONSOLE_LINE.search(line):
+                source = found["source"].rsplit("/", 1)[-1]
+                console.append(f"{found['message']} ({source}:{found['line']})")
     return result.stdout
+
+
+# The pages asv publishes, by the name check_pages gives them: the address fragment of each
+# (the graph page's is the benchmark's, DEFAULT_GRAPH unless told).
+DEFAULT_GRAPH = "benchmarks.Softmax.time_device"
+PAGES = {"grid": "", "graph": None, "list": "summarylist", "regressions": "regressions"}
+# One chromium run of a page takes 2-8 s on a 2-core machine.
+CHECK_TIMEOUT_S = 90.0
+
+
+def page_content(name: str, dom: str) -> str:
+    """What one of PAGES shows, in a few words (what check_pages prints beside it)."""
+    if name == "grid":
+        tiles = dom.count('class="btn benchmark-container"')
+        drawn = len(re.findall(r'id="summarygrid-[^"]*" class="[^"]*"[^>]*>\s*<canvas', dom))
+        return f"{tiles} benchmarks, {drawn} tiles drawn in the window"
+    if name == "list":
+        rows = dom.count('<td class="value"')
+        valued = len(re.findall(r'<td class="value"[^>]*><span', dom))
+        return f"{rows} rows, {valued} with a value"
+    if name == "regressions":
+        found = re.search(r'id="regressions-body"[^>]*data-kernelperf="([^"]*)"', dom) or \
+            re.search(r'data-kernelperf="([^"]*)"[^>]*id="regressions-body"', dom)
+        if not found:
+            return "no regression table"
+        rows = json.loads(html.unescape(found.group(1)))["rows"]
+        none = " (\"No regression\" said)" if "kernelperf-none" in dom else ""
+        return "regressions listed: " + ", ".join(
+            f"{count} on {branch or 'the branch'}" for branch, count in rows.items()) + none
+    facts = graph_facts(dom)
+    return (f"{sum(points for _, points in facts.series)} points in {len(facts.series)} series, "
+            f"{facts.hidden_empty} without points left out; x ticks "
+            f"{', '.join(text for _, text in facts.x_ticks) or '-'}")
+
+
+def check_pages(html_dir: str | os.PathLike, out: str | os.PathLike | None = None, *,
+                graph: str = DEFAULT_GRAPH, size: tuple[int, int] = (1400, 900),
+                done: Callable[[str, PageFacts, str], None] | None = None,
+                timeout: float = CHECK_TIMEOUT_S) -> dict[str, tuple[PageFacts, str]]:
+    """Open every page asv publishes (PAGES) of a published dashboard in headless chromium;
+    per page, (what chromium saw, `page_content`), each also handed to `done` as it is
+    seen. With `out`: <page>.png and <page>.console.txt (its console messages and failed
+    requests, or that there were none) written there."""
+    found = {}
+    for name, page in PAGES.items():
+        page = graph if page is None else page
+        png = Path(out) / f"{name}.png" if out is not None else None
+        facts = open_page(html_dir, page, png, size=size, timeout=timeout)
+        found[name] = (facts, page_content(name, facts.dom))
+        if out is not None:
+            lines = [f"page: {facts.url}", *(f"console: {line}" for line in facts.console),
+                     *(f"request failed: {line}" for line in facts.failed)]
+            if not facts.console and not facts.failed:
+                lines.append("no console messages, no failed requests")
+            (Path(out) / f"{name}.console.txt").write_text("\n".join(lines) + "\n")
+        if done is not None:
+            done(name, *found[name])
+    return found
 
 
 def page_url(base: str, benchmark: str, params: dict[str, str] | None = None) -> str:
@@ -526,22 +646,69 @@ def page_url(base: str, benchmark: str, params: dict[str, str] | None = None) ->
     return f"{base}#{benchmark}" + (f"?{query}" if query else "")
 
 
-def render(html_dir: str | os.PathLike, benchmark: str, png: str | os.PathLike | None = None, *,
-           params: dict[str, str] | None = None, size: tuple[int, int] = (1400, 900),
-           budget_ms: int = 10000, timeout: float = 60.0) -> str:
-    """Open `benchmark`'s page of a published dashboard in headless chromium; write a PNG of it
-    to `png` if given; returns the page's DOM once its scripts have run."""
-    with serve(html_dir) as base:
-        url = page_url(base, benchmark, params)
-        dom = _chromium(url, "--dump-dom", size=size, budget_ms=budget_ms, timeout=timeout)
+@dataclasses.dataclass(frozen=True)
+class PageFacts:
+    """What headless chromium saw of one dashboard page."""
+
+    url: str
+    dom: str  # the page's DOM once its scripts ran (the virtual time budget)
+    console: tuple[str, ...]  # every console message and uncaught error, "text (file:line)"
+    failed: tuple[str, ...]  # requests the server could not answer, "404 /path"
+
+    @property
+    def loading(self) -> bool:
+        """The page still says "Loading..." (its data never arrived or a script died)."""
+        return "Loading..." in self.dom
+
+    @property
+    def error_page(self) -> bool:
+        """asv sent the page to error.html (a script did not load)."""
+        return _error_page(self.dom)
+
+    def problems(self) -> list[str]:
+        """What is wrong with the page; empty when it loaded cleanly."""
+        found = ["asv's error page: a script did not load"] if self.error_page else []
+        found += ["still says Loading..."] if self.loading else []
+        return (found + [f"console: {line}" for line in self.console]
+                + [f"request failed: {line}" for line in self.failed])
+
+
+def _error_page(dom: str) -> bool:
+    # error.html's title; asv's pages all carry the graph page's #main-graph.
+    return "airspeed velocity error" in dom or 'id="main-graph"' not in dom
+
+
+def open_page(html_dir: str | os.PathLike, page: str = "", png: str | os.PathLike | None = None,
+              *, params: dict[str, str] | None = None, size: tuple[int, int] = (1400, 900),
+              budget_ms: int = 10000, timeout: float = 60.0) -> PageFacts:
+    """Open a page of a published dashboard in headless chromium: "" the grid, a benchmark
+    (benchmarks.Softmax.time_device) its graph, "summarylist" the benchmark list,
+    "regressions" the regressions; a PNG of it to `png` if given. What it saw, with the page's
+    console messages and the requests it made that the server could not answer."""
+    console: list[str] = []
+    failed: list[str] = []
+    with serve(html_dir, failed) as base:
+        url = page_url(base, page, params)
+        dom = _chromium(url, "--dump-dom", size=size, budget_ms=budget_ms, timeout=timeout,
+                        console=console)
         if png is not None:
             png = Path(png).resolve()
             png.parent.mkdir(parents=True, exist_ok=True)
             _chromium(url, f"--screenshot={png}", size=size, budget_ms=budget_ms,
-                      timeout=timeout)
+                      timeout=timeout, console=console)
             if not png.is_file():
                 raise RuntimeError(f"chromium wrote no screenshot to {png}")
-    return dom
+    return PageFacts(url.removeprefix(base), dom, tuple(dict.fromkeys(console)),
+                     tuple(dict.fromkeys(failed)))
+
+
+def render(html_dir: str | os.PathLike, benchmark: str, png: str | os.PathLike | None = None, *,
+           params: dict[str, str] | None = None, size: tuple[int, int] = (1400, 900),
+           budget_ms: int = 10000, timeout: float = 60.0) -> str:
+    """Open `benchmark`'s page of a published dashboard in headless chromium; write a PNG of it
+    to `png` if given; returns the page's DOM once its scripts have run (`open_page`)."""
+    return open_page(html_dir, benchmark, png, params=params, size=size, budget_ms=budget_ms,
+                     timeout=timeout).dom
 
 
 @dataclasses.dataclass(frozen=True)
@@ -556,6 +723,8 @@ class GraphFacts:
     series: tuple[tuple[str, int], ...] = ()
     hidden_empty: int = 0  # series of the selection without a point, left out
     axes: tuple[str, str] = ("", "")  # the x and y axis labels
+    # (left edge in pixels, text) of each x-axis tick label, left to right
+    x_ticks: tuple[tuple[int, str], ...] = ()
 
     @property
     def drawn(self) -> bool:
@@ -570,14 +739,23 @@ def graph_facts(dom: str) -> GraphFacts:
     recorded = re.search(r'data-kernelperf="([^"]*)"', dom)
     drawn = json.loads(html.unescape(recorded.group(1))) if recorded else {}
     return GraphFacts(
-        error_page="Can not load required JavaScript" in dom or 'id="main-graph"' not in dom,
+        error_page=_error_page(dom),
         canvases=len(re.findall(r'<canvas class="flot-(?:base|overlay)"', graph)),
         tick_labels=tuple(re.findall(r'class="flot-tick-label[^"]*"[^>]*>([^<]*)<', graph)),
         legend=tuple(html.unescape(label) for label in
                      re.findall(r'class="legendLabel"[^>]*>(?:<span>)?([^<]*)<', dom)),
         series=tuple((s["label"], s["points"]) for s in drawn.get("series", [])),
         hidden_empty=drawn.get("hidden_empty", 0),
-        axes=(drawn.get("xaxis", ""), drawn.get("yaxis", "")))
+        axes=(drawn.get("xaxis", ""), drawn.get("yaxis", "")),
+        x_ticks=tuple(sorted((int(left), html.unescape(text)) for left, text in re.findall(
+            r'class="flot-tick-label[^"]*" style="[^"]*left: (\d+)px[^"]*">([^<]*)<',
+            _x_axis(graph)))))
+
+
+def _x_axis(graph: str) -> str:
+    """The part of a graph's DOM holding flot's x-axis labels."""
+    start = graph.find('class="flot-x-axis')
+    return graph[start:graph.find('class="flot-y-axis', start)] if start >= 0 else ""
 
 
 def series_pixels(png: str | os.PathLike) -> int:
@@ -662,6 +840,43 @@ def _screenshot_arguments(args: argparse.Namespace) -> tuple[str, tuple[int, int
     return benchmark, (int(width), int(height)), dict(p.split("=", 1) for p in args.param)
 
 
+def _check_pages_command(prog: str, args: argparse.Namespace) -> int:
+    if not all((Path(args.check_pages) / name).is_file() for name in ("index.html",
+                                                                       "index.json")):
+        print(f"{prog}: error: --check-pages: expected a published dashboard folder, got "
+              f"{args.check_pages!r}, which has no index.html and index.json", file=sys.stderr)
+        return 2
+    graph = args.graph if args.graph.startswith("benchmarks.") else f"benchmarks.{args.graph}"
+    names = sorted(json.loads((Path(args.check_pages) / "index.json").read_text())["benchmarks"])
+    if graph not in names:
+        shown = ", ".join(n.removeprefix("benchmarks.") for n in names[:8])
+        print(f"{prog}: error: --graph: expected one of the dashboard's benchmarks ({shown}"
+              f"{', ...' if len(names) > 8 else ''}), got {args.graph!r}", file=sys.stderr)
+        return 2
+    reason = unavailable_reason()
+    if reason:
+        print(reason, file=sys.stderr)
+        return 2
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    def say(name: str, facts: PageFacts, content: str) -> None:
+        problems = facts.problems()
+        print(f"{name:12s} {'FAILED' if problems else 'ok':6s} #{facts.url.partition('#')[2]}: "
+              f"{content}", flush=True)
+        for problem in problems:
+            print(f"    {problem}", flush=True)
+
+    try:
+        pages = check_pages(args.check_pages, args.out, graph=graph, done=say)
+    except RuntimeError as error:  # chromium failed or hung on a page
+        print(f"{prog}: {error}", file=sys.stderr)
+        return 1
+    failed = sum(bool(facts.problems()) for facts, _ in pages.values())
+    if args.out:
+        print(f"wrote {args.out}/<page>.png and <page>.console.txt")
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.bench.dashboard", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -682,6 +897,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="print the Debian packages this needs and lacks, then exit")
     parser.add_argument("--localize", metavar="HTML_DIR", help="only make an `asv publish` "
                         "output work offline, with kernelperf's views (`prepare`), then exit")
+    parser.add_argument("--check-pages", metavar="HTML_DIR", help="open every page of a "
+                        "published dashboard (grid, a graph, benchmark list, regressions) in "
+                        "headless chromium; exit 1 if one fails to load, logs to its console "
+                        "or asks for a file the folder lacks")
+    parser.add_argument("--graph", default=DEFAULT_GRAPH, help="the graph page --check-pages "
+                        f"opens (default {DEFAULT_GRAPH})")
+    parser.add_argument("--out", help="where --check-pages writes <page>.png and "
+                        "<page>.console.txt")
     parser.add_argument("--publish", metavar="HTML_DIR", help="publish the shipped results "
                         f"({SHIPPED_RESULTS.relative_to(ROOT)}) and this machine's "
                         f"({LOCAL_RESULTS.relative_to(ROOT)}) together into HTML_DIR, then exit")
@@ -700,6 +923,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.missing_packages:
         print(" ".join(missing_packages()))
         return 0
+    if args.check_pages:
+        return _check_pages_command(parser.prog, args)
     if args.localize:
         if not (Path(args.localize) / "index.html").is_file():
             print(f"{parser.prog}: error: --localize: expected an `asv publish` output folder, "

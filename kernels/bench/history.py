@@ -13,7 +13,8 @@ same subcommands against a bare repository standing in for the remote.
            runner pushed first is redone on top of the remote's new tip
   publish  asv publish of every machine's results into .asv/html, scripts made local
            where Debian's copies are installed, with kernelperf's views (graphs that open on
-           filters with points: kernels.bench.dashboard.prepare)
+           filters with points: kernels.bench.dashboard.prepare) and regressions searched
+           with each row's threshold from its noise (dashboard.regression_settings)
   deploy   the published folder as the one commit of the pages branch (gh-pages),
            force-pushed; GitHub Pages serves that branch
 
@@ -181,11 +182,12 @@ def _asv_config(history: History) -> dict:
                                 branches=[history.branch], env_dir=history.root / ".asv/env")
 
 
-def _asv(history: History, *args: str) -> int:
-    """asv with the history's configuration, its output shown as it goes; its exit status."""
+def _asv(history: History, *args: str, settings: dict | None = None) -> int:
+    """asv with the history's configuration (and `settings` over it), its output shown as it
+    goes; its exit status."""
     from kernels.bench import dashboard
 
-    with dashboard.asv_command(_asv_config(history), *args) as command:
+    with dashboard.asv_command({**_asv_config(history), **(settings or {})}, *args) as command:
         print("+ " + " ".join(command), flush=True)
         return subprocess.run(command, cwd=history.root).returncode
 
@@ -278,9 +280,12 @@ def publish(history: History) -> list[str]:
     if not (history.results_dir / "benchmarks.json").is_file():
         raise FileNotFoundError(f"results_dir: expected asv results (benchmarks.json) in "
                                 f"{history.results_dir}; run `fetch` (and `run`) first")
-    status = _asv(history, "publish", "--no-pull")
+    # The Regressions page's thresholds from the kept results' own noise.
+    settings, thresholds = dashboard.regression_settings(history.results_dir)
+    status = _asv(history, "publish", "--no-pull", settings=settings)
     if status:
         raise RuntimeError(f"asv publish failed ({status})")
+    dashboard.write_thresholds(history.html_dir, thresholds)
     try:
         dashboard.prepare(history.html_dir)
     except FileNotFoundError as error:  # on GitHub Pages the CDNs are reachable anyway

@@ -8,8 +8,15 @@ once per session), through `kernels.core.timing`. `judge` then compares the kern
 with its floor for this GPU model (`kernels.roofline.floors`): a fraction of
 the datasheet roofline, or of the best baseline timed by the same clock.
 Measurements taken by different methods ("cupti", "cuda-events",
-"host-clock") are never compared; where a floor needs a baseline and none was
-timed by the kernel's method, the verdict is a refusal that names both.
+"host-clock"), or of different precisions (FP32, TF32, ...: kernels.core.precisions), are
+never compared; where a floor needs a baseline and none of the kernel's precision was timed
+by the kernel's method, the verdict is a refusal that names them.
+
+`interleave` (and `PerfSession.measure_interleaved`) times a kernel and its baselines in
+rounds, kernel and baselines alternating (K B1 B2, B2 B1 K, K B1 B2, ...), every sampler made
+and warmed up once, so a throttled or busy stretch moves both sides of a ratio rather than
+one: each round gives its own ratio, and their spread is what a floor's margin is taken
+from (`python -m kernels bringup`, kernels.bench.bringup).
 
 pytest-benchmark records each measurement with device time as its clock:
 `record` replays the measurement's samples through `benchmark.pedantic`, one
@@ -24,7 +31,8 @@ import dataclasses
 import functools
 import math
 import os
-from collections.abc import Mapping
+import statistics
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -33,9 +41,13 @@ from kernels.core import checking, devices, environment, fingerprint, registry, 
 from kernels.roofline import ceilings, floors, model
 
 # Seconds of sampling per measurement (wall time, flushes included): one timed point per
-# kernel and baseline, so the whole `-m "gpu and perf"` run stays a few minutes.
+# kernel and baseline. In `pytest -m gpu` the perf items sample alone on the device after
+# the rest of the run (kernels/testing/perf_phase.py), so the sampling is the run's serial
+# share: about 185 measurements on an H200, and 1.0 s each was most of the H100's 188 s warm
+# perf run. 0.5 s still holds 20 samples of the slowest kernel (a 7 ms attention backward
+# with its flushes) and hundreds of most others, far more than a floor's margin needs.
 BUDGET_VARIABLE = "KERNELPERF_PERF_BUDGET"
-GPU_BUDGET_S = 1.0
+GPU_BUDGET_S = 0.5
 CPU_BUDGET_S = 0.2
 # On CPU the kernels run interpreted (Pallas interpret mode, TRITON_INTERPRET), ms to
 # seconds per call: only these are timed there, enough to run every step (timing, roofline,
@@ -43,6 +55,11 @@ CPU_BUDGET_S = 0.2
 CPU_IMPLEMENTATIONS = frozenset({("softmax", "pallas")})
 CPU_MIN_SAMPLES = 10
 STORAGE_ROOT = ".benchmarks"
+# The perf items' test function (perf_tests/tests/test_performance.py): the xdist scheduler
+# finds them by it (conftest.py).
+PERF_TEST = "test_kernel_performance"
+# What writes a GPU model's floors (kernels.roofline.floors), named where a model has none.
+BRINGUP_COMMANDS = ("python -m kernels bringup", "make bringup")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +144,9 @@ class PerfSession:
         self._measurements: dict[tuple[str, str, str], timing.Measurement] = {}
         self._errors: dict[tuple[str, str, str], str] = {}
         self._inputs: tuple[tuple[str, str], tuple[np.ndarray, ...]] | None = None
+        self._warmed: set[tuple[str, str, str]] = set()
+        self.warm_up_errors: dict[tuple[str, str, str], str] = {}
+        self._interleaved: dict[tuple[str, str, str, int], Interleaved] = {}
 
     def _inputs_for(self, case: registry.Case) -> tuple[np.ndarray, ...]:
         key = (case.op, case.id)
@@ -135,6 +155,32 @@ class PerfSession:
             self._inputs = key, checking.make_inputs(registry.operation(case.op), case, 0,
                                                      "normal")
         return self._inputs[1]
+
+    def warm_up(self, impl: registry.Implementation, case: registry.Case,
+                direction: str) -> int:
+        """Run `impl` and the operation's baselines on `case` once each, untimed, where not
+        done yet this session: inputs made, programs compiled and autotuned, flush programs
+        too, so that their measurements later pay for sampling alone. Returns how many it ran.
+
+        A call that raises here is left for its measurement, which runs it again with the
+        device to itself and reports what it raises then (a warm-up beside other workers can
+        run out of memory where the measurement would not).
+        """
+        ran = 0
+        for peer in (impl, *baselines_for(impl, case, direction)):
+            key = (peer.id, case.id, direction)
+            if key in self._warmed or key in self._measurements:
+                continue
+            self._warmed.add(key)
+            try:
+                timeable = timing.prepare(peer, case, direction=direction,
+                                          inputs=self._inputs_for(case))
+                sampler, _ = timing.make_sampler(timeable, "cold", self.device)
+                sampler.take(1)
+            except Exception as error:  # noqa: BLE001 - measured again alone, reported there
+                self.warm_up_errors[key] = f"{type(error).__name__}: {error}"
+            ran += 1
+        return ran
 
     def measure(self, impl: registry.Implementation, case: registry.Case,
                 direction: str) -> timing.Measurement:
@@ -165,6 +211,139 @@ class PerfSession:
             except Exception as error:  # reported in the verdict and extra_info, never hidden
                 self._errors[key] = errors[peer.name] = f"{type(error).__name__}: {error}"
         return measured, errors
+
+
+    def measure_interleaved(self, impl: registry.Implementation, case: registry.Case,
+                            direction: str, rounds: int = 3,
+                            sampler_for: Callable[..., Any] | None = None) -> Interleaved:
+        """`impl` and the operation's baselines on `case`, timed interleaved (`interleave`),
+        once per session. A baseline that cannot be prepared or timed is left out and named
+        in `errors` (where a floor then has no baseline to compare with, the verdict is a
+        refusal); the kernel's own failure raises."""
+        key = (impl.id, case.id, direction, rounds)
+        if key not in self._interleaved:
+            inputs = self._inputs_for(case)
+            timeables = {impl.name: timing.prepare(impl, case, direction=direction,
+                                                    inputs=inputs)}
+            errors = {}
+            for peer in baselines_for(impl, case, direction):
+                try:
+                    timeables[peer.name] = timing.prepare(peer, case, direction=direction,
+                                                          inputs=inputs)
+                except Exception as error:  # the peer's problem, named in the verdict
+                    errors[peer.name] = f"{type(error).__name__}: {error}"
+            self._interleaved[key] = interleave(
+                timeables, first=impl.name, rounds=rounds, rule=self.rule, device=self.device,
+                sampler_for=sampler_for or timing.make_sampler, errors=errors)
+        return self._interleaved[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class Interleaved:
+    """A kernel and its baselines timed in alternating rounds (`interleave`).
+
+    name: the kernel's implementation name. kernel / baselines: each one's samples of every
+    round as one Measurement. rounds: per round, implementation name -> the median of its
+    samples in that round (the kernel's under `name`). errors: baseline name -> the error
+    that left it out.
+    """
+
+    name: str
+    kernel: timing.Measurement
+    baselines: dict[str, timing.Measurement]
+    rounds: tuple[dict[str, float], ...]
+    errors: dict[str, str]
+
+    def ratios(self, peer: str | None = None) -> tuple[float | None, ...]:
+        """Per round, a baseline's median over the kernel's (above 1: ours is faster):
+        `peer`'s, or else the fastest baseline of that round timed by the kernel's clock;
+        None for a round without it."""
+        same = {name for name, m in self.baselines.items() if m.method == self.kernel.method}
+        wanted = same & {peer} if peer else same
+        found = []
+        for medians in self.rounds:
+            peers = [medians[name] for name in wanted if name in medians]
+            found.append(min(peers) / medians[self.name] if peers else None)
+        return tuple(found)
+
+
+def _round_rule(rule: timing.StoppingRule, rounds: int) -> timing.StoppingRule:
+    """One round's share of `rule`: its wall-time budget and minimum sample count split over
+    `rounds` (at least 3 samples a round, so each round has a median of its own)."""
+    return dataclasses.replace(rule, time_budget_s=rule.time_budget_s / rounds,
+                               min_samples=max(3, math.ceil(rule.min_samples / rounds)),
+                               min_time_s=rule.min_time_s / rounds)
+
+
+def interleave(timeables: Mapping[str, timing.Timeable], *, first: str, rounds: int,
+               rule: timing.StoppingRule, device: fingerprint.Fingerprint,
+               regime: str = "cold", sampler_for: Callable[..., Any] = timing.make_sampler,
+               errors: Mapping[str, str] | None = None) -> Interleaved:
+    """Time `timeables` (name -> Timeable; `first` is the kernel, the rest its baselines) in
+    `rounds` rounds: every sampler is made and warmed up once, then each round takes one
+    batch from each, by `rule`'s per-round share (`_round_rule`), in an order that reverses
+    every round (K B1 B2, B2 B1 K, ...) so that a clock drifting one way over the rounds
+    weighs on both sides alike. A baseline that raises is dropped with its error; the
+    kernel's error propagates. `sampler_for`: timing.make_sampler (tests give fakes)."""
+    if rounds < 1:
+        raise ValueError(f"rounds: expected at least 1, got {rounds}")
+    if first not in timeables:
+        raise ValueError(f"first: expected one of {sorted(timeables)}, got {first!r}")
+    failed = dict(errors or {})
+    samplers, methods = {}, {}
+
+    def drop(name: str, error: Exception) -> None:
+        if name == first:
+            raise error
+        failed[name] = f"{type(error).__name__}: {error}"
+        samplers.pop(name, None)
+
+    for name, timeable in timeables.items():
+        try:
+            samplers[name], methods[name] = sampler_for(timeable, regime, device)
+            samplers[name].take(timing.WARMUP_CALLS)  # compiles and warms up, untimed
+            samplers[name].reset()
+        except Exception as error:  # a baseline's failure is named, the kernel's raised
+            drop(name, error)
+    per_round = _round_rule(rule, rounds)
+    taken: dict[str, list[float]] = {name: [] for name in samplers}
+    reasons: dict[str, set[str]] = {name: set() for name in samplers}
+    medians: list[dict[str, float]] = []
+    order = [first, *(name for name in timeables if name != first)]
+    for index in range(rounds):
+        this_round = {}
+        for name in order if index % 2 == 0 else order[::-1]:
+            if name not in samplers:
+                continue
+            try:
+                samples, reason = timing.collect(samplers[name], per_round)
+            except Exception as error:  # noqa: BLE001 - a baseline's failure is named
+                drop(name, error)
+                continue
+            taken[name] += samples
+            reasons[name].add(reason)
+            this_round[name] = statistics.median(samples)
+        medians.append(this_round)
+    measured = {}
+    for name, sampler in samplers.items():
+        identity = device.to_dict()
+        identity["clocks_before"] = dataclasses.asdict(sampler.first_clocks) \
+            if sampler.first_clocks else None
+        identity["clocks_after"] = dataclasses.asdict(sampler.last_clocks) \
+            if sampler.last_clocks else None
+        stop = next((r for r in ("time-budget", "max-samples") if r in reasons[name]),
+                    "converged")
+        measured[name] = timing.Measurement.from_samples(
+            taken[name], clocks=sampler.clocks, throttled=sampler.throttled,
+            label=timeables[name].label, method=methods[name], regime=regime,
+            stop_reason=stop, fingerprint=identity,
+            precision=getattr(timeables[name], "precision", ""))
+    return Interleaved(
+        name=first, kernel=measured.pop(first),
+        baselines=measured,
+        rounds=tuple({name: value for name, value in medians_.items() if name in samplers}
+                     for medians_ in medians),
+        errors={name: error for name, error in failed.items() if name not in samplers})
 
 
 def placements(impl: registry.Implementation, case: registry.Case, direction: str,
@@ -207,6 +386,8 @@ class Verdict:
     speedup: float | None = None
     best_baseline: str | None = None
     refused_baselines: tuple[str, ...] = ()
+    # Baselines of another precision than the kernel's, as shown: "torch (FP32, 2674.00 us)".
+    other_precision: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.status not in ("pass", "fail", "refused", "skipped"):
@@ -230,15 +411,20 @@ def judge(*, label: str, device: fingerprint.Fingerprint, measured: timing.Measu
           baseline_errors: Mapping[str, str] | None = None) -> Verdict:
     """The kernel's measurement against its floor.
 
-    Baselines timed by another method than the kernel are left out of every
-    comparison (and listed); the speedup is over the fastest baseline timed by
-    the same clock. `has_floors`: whether `device` has a floor table at all (a
-    model without one, or a CPU, skips the check and says why).
+    Baselines timed by another method than the kernel, or of another precision
+    (Measurement.precision: a TF32 kernel beside cuBLAS's FP32 GEMM), are left out of every
+    comparison and listed, the latter labelled with their precision; the speedup is over
+    the fastest baseline of the kernel's precision timed by the same clock, and so is a
+    floor against "the best baseline". `has_floors`: whether `device` has a floor table at
+    all (a model without one, or a CPU, skips the check and says why).
     """
     device_name = device.name
     fastest = timing.speedup(measured, baselines)
-    same = {name: m for name, m in baselines.items() if name not in fastest.other_clock}
+    left_out = {*fastest.other_clock, *fastest.other_precision}
+    same = {name: m for name, m in baselines.items() if name not in left_out}
     refused = tuple(f"{name} ({baselines[name].method})" for name in fastest.other_clock)
+    other_precision = tuple(timing.labelled(name, baselines[name])
+                            for name in fastest.other_precision)
     best, speedup = fastest.best, fastest.value
     lines = [f"measured: {describe_measurement(measured)}"]
     if placement is not None:
@@ -251,19 +437,22 @@ def judge(*, label: str, device: fingerprint.Fingerprint, measured: timing.Measu
     if refused:
         lines.append(f"not compared (another clock than {measured.method}): "
                      f"{', '.join(refused)}; {timing.comparable(measured, *baselines.values())}")
+    if other_precision:
+        lines.append(f"not compared (another precision than "
+                     f"{measured.precision or 'unknown'}): {', '.join(other_precision)}")
     for name, error in (baseline_errors or {}).items():
         lines.append(f"baseline {name} could not be timed: {error.splitlines()[0][:300]}")
     common = dict(method=measured.method, speedup=speedup, best_baseline=best,
-                  refused_baselines=refused)
+                  refused_baselines=refused, other_precision=other_precision)
     if floor is None:
         if device.platform != "gpu":
             why = (f"floors are per GPU model; this is a CPU ({device_name}): numbers recorded "
                    f"with the host clock, floor check skipped")
         elif has_floors:
-            why = f"no floor for {label} on {device_name} (add one to kernels/roofline/floors.py)"
+            why = f"no floor for {label} on {device_name} (add one: python -m kernels bringup)"
         else:
-            why = (f"no floors for GPU model {device_name!r} in kernels/roofline/floors.py: "
-                   f"numbers recorded, floor check skipped")
+            why = (f"no floors for GPU model {device_name!r} (python -m kernels bringup writes "
+                   f"kernels/models/{device.model}/): numbers recorded, floor check skipped")
         return Verdict(status="skipped", message="\n".join([why, *lines]), **common)
     if device.platform == "gpu" and measured.method == "host-clock":
         # Host time on a GPU counts dispatch and Python (a 1.8 us kernel read 38.9 us): a
@@ -280,6 +469,21 @@ def judge(*, label: str, device: fingerprint.Fingerprint, measured: timing.Measu
         compared = f"{value:.3f} of the datasheet roofline"
     else:
         peer = floor.baseline or best
+        if floor.baseline in fastest.other_precision:
+            theirs = baselines[floor.baseline].precision or "an unknown precision"
+            message = (f"{label}: refusing to compare with baseline {floor.baseline}: it "
+                       f"computed in {theirs}, {label} in "
+                       f"{measured.precision or 'an unknown precision'}; a ratio "
+                       f"across precisions measures the precisions (floors name a baseline of "
+                       f"the kernel's precision, or none: the best of it)")
+            return Verdict(status="refused", message="\n".join([message, *lines]),
+                           floor=floor, **common)
+        if peer is None and fastest.other_precision and not fastest.other_clock:
+            message = (f"{label}: refusing to compare with a baseline: no baseline computed in "
+                       f"{measured.precision or 'its precision'} (baselines: "
+                       f"{', '.join(other_precision)})")
+            return Verdict(status="refused", message="\n".join([message, *lines]),
+                           floor=floor, **common)
         if peer is None or peer not in same:
             available = ", ".join([*(f"{n} ({m.method})" for n, m in baselines.items()),
                                    *(f"{n} (failed)" for n in baseline_errors or {})]) or "none"
@@ -300,17 +504,40 @@ def judge(*, label: str, device: fingerprint.Fingerprint, measured: timing.Measu
                    value=value, floor=floor, **common)
 
 
-def parallel_reason() -> str | None:
-    """Why the device cannot be timed in this process: pytest-xdist workers share it, so a
-    kernel's time is not its own. Even alone, a worker's timings read off: a softmax its
-    profiler trace puts at 42 us read 47 us in one on an H100, twice (the workers' platform
-    allocator, conftest.py, is the likely cause). pytest-benchmark records nothing under
-    xdist either."""
+def parallel_reason(alone: bool = False) -> str | None:
+    """Why the device cannot be timed in this process: pytest-xdist workers share it and
+    this one does not hold it alone (`alone`: it holds the device lock of
+    kernels/testing/perf_phase.py exclusive, every other worker done), so a kernel's time
+    would not be its own."""
     workers = environment.xdist_workers()
-    if workers <= 1:
+    if workers <= 1 or alone:
         return None
-    return (f"{workers} pytest-xdist workers share the device, so timings are not the "
-            f"kernel's alone: `pytest -m perf` runs the perf tests in one process (or -n 0)")
+    return (f"{workers} pytest-xdist workers share the device and this one does not hold it "
+            f"alone (no device lock in this run: kernels/testing/perf_phase.py not loaded?), "
+            f"so timings would not be the kernel's: `pytest -m perf` runs the perf tests in "
+            f"one process (or -n 0)")
+
+
+def finding(*, device_name: str, platform: str, has_floors: bool,
+            statuses: Mapping[str, int], timed: str | None = None) -> str:
+    """The run's one line on what its perf items judged: on a GPU model without floors that
+    this is a finding (named, with the bring-up command), not a silent skip; on a CPU what
+    the run did instead; else how the verdicts went. `statuses`: verdict status -> count
+    (pass, fail, refused, skipped); `timed`: on a CPU, the kernels it timed."""
+    recorded = sum(statuses.values())
+    if platform != "gpu":
+        what = f"timed {timed} " if timed else ""
+        return (f"kernelperf: perf items on a CPU ({device_name}): {recorded} recorded, "
+                f"{what}with the host clock, not judged: floors are per GPU model")
+    if not has_floors:
+        commands = " or ".join(f"`{command}`" for command in BRINGUP_COMMANDS)
+        return (f"kernelperf: no performance floors for GPU model {device_name!r}: "
+                f"{recorded} perf items recorded, not judged; bring it up with {commands}")
+    counts = ", ".join(f"{statuses[status]} {word}" for status, word in
+                       (("pass", "passed"), ("fail", "under their floor"),
+                        ("refused", "refused"), ("skipped", "without a floor"))
+                       if statuses.get(status))
+    return f"kernelperf: perf items judged against the floors of {device_name!r}: {counts}"
 
 
 def compare_refusal(saved_extra: Mapping[str, Any], saved_device: Mapping[str, Any] | None,
@@ -353,10 +580,13 @@ def extra_info(*, measured: timing.Measurement, work: registry.Work,
         "roofline_ceiling": primary.ceiling if primary else None,
         "bound": primary.bound if primary else None,
         "measured_roofline_fraction": measured_roof.fraction if measured_roof else None,
+        "precision": measured.precision or None,
         "speedup": verdict.speedup,
         "best_baseline": verdict.best_baseline,
-        "baselines": {name: {"median_s": m.median_s, "method": m.method, "cv": finite(m.cv)}
+        "baselines": {name: {"median_s": m.median_s, "method": m.method, "cv": finite(m.cv),
+                             "precision": m.precision or None}
                       for name, m in baselines.items()},
+        "other_precision_baselines": list(verdict.other_precision),
         "baseline_errors": dict(baseline_errors or {}),
         "floor": dataclasses.asdict(verdict.floor) if verdict.floor else None,
         "floor_value": verdict.value,

@@ -4,7 +4,7 @@ bench, compare, profile, memory, hlo, tune, ...; `--help` lists them all).
 One module per command group, each with an `add_commands(sub)` that registers its commands
 and returns name -> handler: check (list, check), bench (bench, compare, noise-floor,
 gate-power), measure (time, roofline, plot-roofline, ceilings, verify-timing), profile
-(profile, memory, hlo, bottleneck), tune, and drill (fault-drill). Nothing in the package
+(profile, memory, hlo, bottleneck), tune, bringup, and drill (fault-drill). Nothing in the package
 below imports this one.
 """
 
@@ -20,12 +20,12 @@ from kernels.core import environment, validation
 
 def build_parser() -> tuple[arguments.Parser, dict[str, Callable[[argparse.Namespace], int]]]:
     """The parser of `python -m kernels`, every command group on it, and command -> handler."""
-    from kernels.cli import bench, check, drill, measure, profile, tune
+    from kernels.cli import bench, bringup, check, drill, measure, profile, tune
 
     parser = arguments.Parser(prog="python -m kernels", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     commands = {}
-    for group in (check, bench, measure, profile, tune, drill):
+    for group in (check, bench, measure, profile, tune, bringup, drill):
         commands.update(group.add_commands(sub))
     return parser, commands
 

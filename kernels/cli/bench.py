@@ -17,8 +17,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """asv on HEAD (and the base, if given), then the compare table (slower rows confirmed
     by an interleaved re-measurement) and where the time went; its exit status."""
     revisions = [args.base, args.head] if args.base else [args.head]
-    if args.base and asv_tools.full_hash(args.base) == asv_tools.full_hash(args.head):
-        revisions = [args.head]  # a second asv run of one commit would overwrite the first
+    if args.base and asv_tools.full_hash(args.base) == (commit := asv_tools.full_hash(args.head)):
+        # Said before asv starts (its run of a commit takes seconds on a CPU, minutes on a
+        # GPU); a second asv run of one commit would only overwrite the first.
+        print(f"kernels bench: {args.base} and {args.head} are the same commit "
+              f"({commit[:8]}): nothing to compare (asv keeps one result per commit), so it "
+              f"is measured once and its values listed. Commit the change to gate it; "
+              f"`make noise-floor` compares runs of one commit.", flush=True)
+        revisions = [args.head]
     if args.base and args.reuse_base and len(revisions) == 2 and asv_tools.load(
             ".asv/results", asv_tools.machine_name(), asv_tools.full_hash(args.base)):
         print(f"kernels bench: the base {args.base}'s asv results are reused (--reuse-base); "

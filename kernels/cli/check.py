@@ -20,6 +20,19 @@ def _cpu_mode(impl) -> str:
     return ""
 
 
+def _float32_precision(impl) -> str:
+    """What `impl` computes float32 cases in, GPU/CPU ("TF32/FP32"; one name where both are
+    the same; "-" where it takes no float32): docs/precision.md."""
+    declared = impl.precision
+    if declared is None:
+        return "FP32"
+    if declared.gpu is None and declared.cpu is None:
+        return "-"
+    if declared.gpu == declared.cpu:
+        return declared.gpu
+    return f"{declared.gpu or '-'}/{declared.cpu or '-'}"
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from kernels.core import devices, registry
 
@@ -41,10 +54,11 @@ def cmd_list(args: argparse.Namespace) -> int:
             else:
                 status = f"no: {reason}"
             rows.append([op.name, impl.name, "baseline" if impl.baseline else "kernel",
-                         impl.framework, f"{len(op.cases_tagged('cpu'))}/"
-                         f"{len(op.cases_tagged('gpu'))}", status])
-    print(table(rows, ["operation", "implementation", "role", "framework", "cases cpu/gpu",
-                        "status"]))
+                         impl.framework, _float32_precision(impl),
+                         f"{len(op.cases_tagged('cpu'))}/{len(op.cases_tagged('gpu'))}",
+                         status])
+    print(table(rows, ["operation", "implementation", "role", "framework", "f32 in gpu/cpu",
+                        "cases cpu/gpu", "status"]))
     for name, why in registry.import_failures().items():
         print(f"not registered: {name}: {why}")
     return 0

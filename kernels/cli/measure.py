@@ -232,9 +232,11 @@ def _ceilings(allow_measure: bool = True):
 
 
 def _speedups(rows: list[Row], mixed: bool = False) -> dict[int, str]:
-    """Each non-baseline row's speedup over the best baseline of its (case, direction)
-    timed by the same method (`timing.speedup`): "other clock" where only other clocks
-    timed one; with `mixed`, across clocks, and the cell says so."""
+    """Each non-baseline row's speedup over the best baseline of its (case, direction) and
+    precision timed by the same method (`timing.speedup`): "other clock" where only other
+    clocks timed one, "no TF32 baseline" where none computed in its precision (those of
+    another are rows of their own, their precision in its column, never divided by); with
+    `mixed`, across clocks (never across precisions), and the cell says so."""
     from kernels.core import timing
 
     peers: dict[tuple[str, str], dict[str, Any]] = {}
@@ -247,7 +249,7 @@ def _speedups(rows: list[Row], mixed: bool = False) -> dict[int, str]:
         if not row.measurement or row.impl.baseline or not baselines:
             continue
         fastest = timing.speedup(row.measurement, baselines, across_clocks=mixed)
-        out[index] = ("other clock" if fastest.value is None else
+        out[index] = (fastest.why_none() if fastest.value is None else
                       f"{fastest.value:.2f}x" + (" (mixed clocks)" if mixed else ""))
     return out
 
@@ -289,7 +291,7 @@ def cmd_time(args: argparse.Namespace) -> int:
     for index, row in enumerate(rows):
         if row.measurement is None:
             lines.append([row.impl.id, row.case.id, row.direction, "-", "-", "-", "-", "-", "-",
-                          "-", "-", "-", "-", f"skipped: {row.skipped}"])
+                          "-", "-", "-", "-", "-", f"skipped: {row.skipped}"])
             continue
         m = row.measurement
         work = registry.operation(op.name).work(row.case, row.direction)
@@ -297,13 +299,15 @@ def cmd_time(args: argparse.Namespace) -> int:
             work, m.median_s, ceiling, row.case.dtype, devices=row.impl.devices_for(row.case),
             interconnect=report.sharding_ceiling(row.impl, row.case, work)) if ceiling else None
         speedup = speedups.get(index, "baseline" if row.impl.baseline else "-")
-        lines.append([row.impl.id, row.case.id, row.direction, _format_time(m.median_s),
-                      f"{100 * m.cv:.2f}%", str(m.repeats), m.method, m.regime, m.stop_reason,
-                      str(m.throttled_count), f"{work.flops / m.median_s / 1e12:.3f}",
+        lines.append([row.impl.id, row.case.id, row.direction, m.precision or "?",
+                      _format_time(m.median_s), f"{100 * m.cv:.2f}%", str(m.repeats), m.method,
+                      m.regime, m.stop_reason, str(m.throttled_count),
+                      f"{work.flops / m.median_s / 1e12:.3f}",
                       f"{work.bytes / m.median_s / 1e9:.1f}", report.fraction_text(placement),
                       speedup])
-    print(table(lines, ["implementation", "case", "dir", "median", "CV", "n", "method", "regime",
-                        "stop", "throttled", "TFLOP/s", "GB/s", "roofline", "vs best baseline"]))
+    print(table(lines, ["implementation", "case", "dir", "precision", "median", "CV", "n",
+                        "method", "regime", "stop", "throttled", "TFLOP/s", "GB/s", "roofline",
+                        "vs best baseline of its precision"]))
     return _status(rows)
 
 

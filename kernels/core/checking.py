@@ -4,10 +4,11 @@
 implementation with NaN-poisoned output buffers, compares the output and the
 gradients (vector-Jacobian product with a random cotangent) against the
 operation's jnp reference computed in float32, and checks that the inputs were
-not modified. `compare` is the single comparison: relative error in norm and
-in max-abs, plus guards against outputs that are NaN, all zeros or constant
-where the reference is not (kernels returning zeros have passed absolute
-tolerances in public harnesses).
+not modified. The tolerance is the operation's at the precision the implementation
+declares for this platform (`tolerance_for`: FP32, TF32, ...; docs/precision.md).
+`compare` is the single comparison: relative error in norm and in max-abs, plus
+guards against outputs that are NaN, all zeros or constant where the reference is
+not (kernels returning zeros have passed absolute tolerances in public harnesses).
 
 Inputs, reference output, reference gradients and their term magnitudes depend
 only on (operation, case, seed, distribution), not on the implementation: a
@@ -47,6 +48,22 @@ CACHE_VARIABLE = "KERNELPERF_REFERENCE_CACHE_MB"
 # Enough for every reference of one real-size case and distribution (softmax f32
 # 32768 x 4096: output, gradient and magnitude, 512 MiB each, plus the pristine input).
 DEFAULT_CACHE_MB = {"gpu": 4096, "cpu": 512}
+
+
+def platform() -> str:
+    """Where this process's implementations run, as precisions are declared per platform:
+    "gpu" where JAX's default backend is a GPU, else "cpu"."""
+    return "gpu" if compat.on_gpu() else "cpu"
+
+
+def tolerance_for(impl: registry.Implementation, case: registry.Case,
+                  on: str | None = None) -> float:
+    """The forward tolerance `impl` is held to on `case`: its operation's, at the precision it
+    declares for `on` ("gpu" or "cpu"; this process's platform by default). An implementation
+    declared FP32 is held to float32's tolerance, so one that secretly multiplies in TF32
+    fails."""
+    op = registry.operation(impl.op)
+    return op.tolerance_at(case, impl.precision_on(case, on or platform()))
 
 
 def relative_tolerance(dtype: str, reduction_length: int, accumulator: str = "f32") -> float:
@@ -599,7 +616,8 @@ def check(impl: registry.Implementation, case: registry.Case, *, seed: int = 0,
     fw = frameworks.framework(impl.framework)
     timer = timer or phases.PhaseTimer()
     with_grad = gradients and registry.has_direction(impl, "bwd")
-    label = f"{impl.id}[{case.id}, {distribution}, seed {seed}]"
+    precision = impl.precision_on(case, platform())
+    label = f"{impl.id}[{case.id}, {distribution}, seed {seed}, {precision}]"
     if references is None:
         references = ReferenceCache(0)
     ref = references.get(op, case, seed, distribution,
@@ -614,7 +632,7 @@ def check(impl: registry.Implementation, case: registry.Case, *, seed: int = 0,
         raise CheckFailure(f"{label} output: dtype {dtypes.name_of(out.dtype)}, "
                            f"expected {case.dtype}")
 
-    tol = op.tolerance(case)
+    tol = op.tolerance_at(case, precision)
     with timer.phase("compare"):
         results = [compare(out, ref.output, tolerance=tol, name=f"{label} output")]
         pristine = ref.device_inputs or (None,) * len(ref.inputs)

@@ -293,3 +293,32 @@ def multiprocessor_count() -> int:
     (the Mosaic GPU interpreter simulates one block at a time)."""
     device = jax.devices()[0]
     return int(getattr(device, "core_count", 0) or 0) if on_gpu() else 1
+
+
+@contextlib.contextmanager
+def torch_matmul_precision(precision: str) -> Iterator[None]:
+    """torch's float32 CUDA matmuls in `precision` ("tf32" or "ieee") inside the block, the
+    previous setting restored after (it is process-wide, read by each cuBLAS call).
+
+    torch 2.9+ sets it through torch.backends.cuda.matmul.fp32_precision and then refuses to
+    read the legacy allow_tf32 ("mix of the legacy and new APIs", seen with torch 2.13), so the
+    new attribute is used wherever it exists; older torch has allow_tf32 alone."""
+    if precision not in ("tf32", "ieee"):
+        raise ValueError(f"precision: expected 'tf32' or 'ieee', got {precision!r}")
+    import torch
+
+    matmul = torch.backends.cuda.matmul
+    if hasattr(torch._C, "_get_fp32_precision_getter"):  # torch 2.9+
+        before = matmul.fp32_precision
+        matmul.fp32_precision = precision
+        try:
+            yield
+        finally:
+            matmul.fp32_precision = before
+        return
+    before = matmul.allow_tf32
+    matmul.allow_tf32 = precision == "tf32"
+    try:
+        yield
+    finally:
+        matmul.allow_tf32 = before

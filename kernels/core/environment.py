@@ -55,6 +55,11 @@ def configure() -> None:
         os.environ["XLA_FLAGS"] = f"{flags} {flag}".strip()
 
 
+# Names the xdist worker the perf items run on (kernels/testing/perf_phase.py sets it for the
+# workers it starts; conftest.py reads it before JAX starts, to choose that worker's allocator).
+PERF_WORKER_VARIABLE = "KERNELPERF_PERF_WORKER"
+
+
 def xdist_workers() -> int:
     """Processes of this pytest run sharing the machine: its xdist workers, or 1."""
     return max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels.core import dtypes, validation
+from kernels.core import dtypes, precisions, validation
 from kernels.core.hlo_rules import HloExpectation
 
 DIRECTIONS = ("fwd", "bwd")
@@ -143,8 +143,15 @@ class Operation:
     make_inputs: (case, rng, distribution) -> numpy arrays in the case's dtype.
         Never zeros; `distribution` is one of `distributions`.
     work: (case, direction) -> Work, direction "fwd" or "bwd".
-    tolerance: case -> relative error allowed on the forward output; gradients
-        get `gradient_tolerance_factor` times that.
+    tolerance: case -> relative error allowed on the forward output computed in the case
+        dtype's own precision; gradients get `gradient_tolerance_factor` times that. An
+        operation with matrix products (`dots`) takes `rounding=` too: the relative rounding
+        of float32 operands its products add beyond float32's (precisions.ROUNDING: TF32
+        2^-11), so that the tolerance follows each implementation's declared precision
+        (`tolerance_at`).
+    dots: whether the computation has matrix products whose float32 arithmetic is an
+        implementation's choice (FP32, TF32, ...): its implementations then declare it
+        (Implementation.precision), and rows and ratios compare those of one precision.
     validate: raises ValueError/TypeError for bad inputs; shared by our kernels.
     gradient_magnitude: (inputs, output, cotangent, **case params) -> per input, the size of
         the terms summed into its gradient (float32 jnp arrays), where the
@@ -169,6 +176,7 @@ class Operation:
     tolerance: Callable[[Case], float]
     cases: tuple[Case, ...]
     validate: Callable[..., None]
+    dots: bool = False
     bad_inputs: tuple[BadInput, ...] = ()
     distributions: tuple[str, ...] = ("normal", "large")
     differentiable: bool = True
@@ -180,6 +188,18 @@ class Operation:
 
     def cases_tagged(self, tag: str) -> tuple[Case, ...]:
         return tuple(case for case in self.cases if tag in case.tags)
+
+    def tolerance_at(self, case: Case, precision: str) -> float:
+        """The forward tolerance of `case` computed in `precision` (a precisions name): an FP32
+        implementation is held to float32's tolerance, a TF32 one gets TF32's rounding on top."""
+        rounding = precisions.rounding(precision, case.dtype)
+        if not self.dots:
+            if rounding:
+                raise ValueError(f"precision: {self.name} has no matrix products, so a "
+                                 f"{case.dtype} case computes in {precisions.OF_DTYPE[case.dtype]}"
+                                 f", got {precision!r}")
+            return self.tolerance(case)
+        return self.tolerance(case, rounding=rounding)
 
     def case(self, case_id: str) -> Case:
         """The declared case with this id; ValueError naming the ids there are."""
@@ -228,6 +248,9 @@ class Implementation:
     prepare: optional (case, *framework_inputs) -> inputs for fn, run once
         outside any timed region (e.g. placing inputs with a sharding).
     hlo: optional rules its compiled HLO must follow per platform (kernels.guards.hlo).
+    precision: what its matrix products multiply float32 inputs in, per platform
+        (precisions.DotPrecision); required where the operation has `dots`, None where it
+        has none (float32 is then computed in FP32). See `precision_on`.
     """
 
     op: str
@@ -241,6 +264,18 @@ class Implementation:
     prepare: Callable[..., tuple[Any, ...]] | None = None
     description: str = ""
     hlo: HloExpectation | None = None
+    precision: precisions.DotPrecision | None = None
+
+    def __post_init__(self) -> None:
+        if self.precision is not None and not isinstance(self.precision,
+                                                         precisions.DotPrecision):
+            raise TypeError(f"precision: expected a precisions.DotPrecision or None for "
+                            f"{self.op}-{self.name}, got {self.precision!r}")
+
+    def precision_on(self, case: Case, platform: str) -> str:
+        """The precision `case` computes in on `platform` ("gpu" or "cpu"): FP32, TF32,
+        BF16x3 for a float32 case as declared, BF16 or FP16 for a 16-bit one."""
+        return precisions.resolve(self.precision, case.dtype, platform, label=self.id)
 
     def devices_for(self, case: Case) -> int:
         """Devices `case` runs over: the size of its `mesh` parameter ("4x2": 8) where it
@@ -271,8 +306,36 @@ def register_operation(op: Operation) -> Operation:
     for case in op.cases:
         if case.op != op.name:
             raise ValueError(f"case {case.id} belongs to {case.op!r}, not {op.name!r}")
+    if op.dots:
+        _check_dot_tolerance(op)
     _OPERATIONS[op.name] = op
     return op
+
+
+def _check_dot_tolerance(op: Operation) -> None:
+    """An operation with matrix products must loosen its tolerance for TF32's rounding: one
+    that ignored `rounding` would hold a TF32 kernel to float32's tolerance, or (loosened for
+    TF32 regardless) an FP32 one to TF32's."""
+    f32 = [case for case in op.cases if case.dtype == "f32"]
+    if not f32:
+        return
+    plain = op.tolerance(f32[0], rounding=0.0)
+    if not op.tolerance(f32[0], rounding=precisions.ROUNDING[precisions.TF32]) > plain:
+        raise ValueError(f"{op.name}.tolerance: expected a tolerance that grows with the "
+                         f"operands' rounding (TF32's 2^-11) for an operation with dots, got "
+                         f"{plain:.3e} either way")
+
+
+def _check_precision(impl: Implementation, op: Operation) -> None:
+    """The declaration an implementation of `op` must carry: one exactly where the operation
+    has matrix products."""
+    if op.dots and impl.precision is None:
+        raise ValueError(f"{impl.id}: precision: expected a precisions.DotPrecision (what its "
+                         f"matrix products multiply float32 inputs in: "
+                         f"{', '.join(precisions.FLOAT32_PATHS)}), got None")
+    if not op.dots and impl.precision is not None:
+        raise ValueError(f"{impl.id}: precision: expected None ({op.name} has no matrix "
+                         f"products: it computes in the case dtype), got {impl.precision}")
 
 
 def register_implementation(impl: Implementation) -> Implementation:
@@ -281,6 +344,8 @@ def register_implementation(impl: Implementation) -> Implementation:
         raise ValueError(f"implementation {impl.id!r} is already registered")
     if impl.framework not in ("jax", "torch"):
         raise ValueError(f"framework: expected 'jax' or 'torch', got {impl.framework!r}")
+    if impl.op in _OPERATIONS:
+        _check_precision(impl, _OPERATIONS[impl.op])
     _IMPLEMENTATIONS[key] = impl
     return impl
 
@@ -315,11 +380,18 @@ def load() -> None:
     for impl in _IMPLEMENTATIONS.values():
         if impl.op not in _OPERATIONS:
             raise ValueError(f"implementation {impl.id!r} names unknown operation {impl.op!r}")
+        _check_precision(impl, _OPERATIONS[impl.op])
 
 
 def operations() -> list[Operation]:
     load()
     return list(_OPERATIONS.values())
+
+
+def precision_of(impl: Implementation, case: Case, platform: str) -> str:
+    """`impl.precision_on(case, platform)`; by this name for perf_tests/benchmarks.py, which
+    runs against every commit's kernels and finds it only on those that declare precisions."""
+    return impl.precision_on(case, platform)
 
 
 def mesh_size(mesh: str) -> int:

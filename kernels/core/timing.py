@@ -182,6 +182,10 @@ class Measurement:
     # "device-span" only, per sample: the call's span over all its devices (first start on
     # any device to last end on any), beside the largest per-device span that is the sample.
     all_devices_s: tuple[float, ...] = ()
+    # What the timed call's matrix products computed in (kernels.core.precisions: "FP32",
+    # "TF32", "BF16" ...); "" where not known (a record from before it was kept, a call
+    # that is no implementation). Ratios compare equal precisions only (`speedup`).
+    precision: str = ""
 
     @classmethod
     def from_samples(cls, samples: Sequence[float], *, clocks: Sequence[int | None] = (),
@@ -259,6 +263,8 @@ class Timeable:
     # Devices the work runs over (a sharded case's mesh size): also where its arguments do
     # not show it (inputs on one device, laid out over the mesh inside the call).
     devices: int = 1
+    # The implementation's precision on this case here (Implementation.precision_on).
+    precision: str = ""
 
 
 def _cotangent(out_shape: Sequence[int], dtype: Any, seed: int) -> np.ndarray:
@@ -307,24 +313,28 @@ def prepare(impl: registry.Implementation, case: registry.Case, *, direction: st
 
         forward = functools.partial(impl.fn, **kwargs)
         devices = impl.devices_for(case)
+        on_gpu = compat.on_gpu()
+        precision = impl.precision_on(case, "gpu" if on_gpu else "cpu")
         if direction == "fwd":
-            return Timeable(label, "jax", _jit(forward), args, compat.on_gpu(), devices)
+            return Timeable(label, "jax", _jit(forward), args, on_gpu, devices, precision)
         out, pullback = jax.vjp(forward, *args)
         cotangent = jax.numpy.asarray(_cotangent(out.shape, out.dtype, seed))
-        return Timeable(label, "jax", _jit(_apply), (pullback, cotangent), compat.on_gpu(),
-                        devices)
+        return Timeable(label, "jax", _jit(_apply), (pullback, cotangent), on_gpu, devices,
+                        precision)
 
     import torch
 
     on_gpu = torch.cuda.is_available()
+    precision = impl.precision_on(case, "gpu" if on_gpu else "cpu")
     if direction == "fwd":
-        return Timeable(label, "torch", functools.partial(impl.fn, **kwargs), args, on_gpu)
+        return Timeable(label, "torch", functools.partial(impl.fn, **kwargs), args, on_gpu,
+                        precision=precision)
     leaves = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
     out = impl.fn(*leaves, **kwargs)
     cotangent = frameworks.numpy_to_torch(_cotangent(out.shape, out.dtype, seed), out.device.type)
     wrt = [leaf for leaf in leaves if leaf.requires_grad]
     backward = functools.partial(torch.autograd.grad, out, wrt, cotangent, retain_graph=True)
-    return Timeable(label, "torch", backward, (), on_gpu)
+    return Timeable(label, "torch", backward, (), on_gpu, precision=precision)
 
 
 def _apply(pullback, cotangent):
@@ -944,30 +954,53 @@ def comparable(*measurements: Measurement) -> str | None:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Speedup:
-    """Our median against the fastest baseline's, among the baselines timed by our clock.
+    """Our median against the fastest baseline's, among the baselines of our precision timed
+    by our clock.
 
-    best: that baseline's name, None when no baseline shares the clock; value: its median
-    over ours (above 1: ours is faster); other_clock: the baselines timed by another
-    method, left out (a ratio across clocks measures the clocks).
+    best: that baseline's name, None when none qualifies; value: its median over ours
+    (above 1: ours is faster); other_clock: baselines of our precision timed by another
+    method, left out (a ratio across clocks measures the clocks); other_precision: baselines
+    that computed in another precision (a TF32 GEMM against an FP32 one measures the
+    precision), shown labelled (`labelled`), never divided by; precision: ours.
     """
 
     best: str | None
     value: float | None
     other_clock: tuple[str, ...]
+    other_precision: tuple[str, ...] = ()
+    precision: str = ""
+
+    def why_none(self) -> str:
+        """Why `value` is None, in a few words for a table cell ("no TF32 baseline")."""
+        if self.value is not None:
+            return ""
+        if self.other_clock:
+            return "other clock"
+        return f"no {self.precision or 'same-precision'} baseline"
+
+
+def labelled(name: str, m: Measurement) -> str:
+    """A baseline as a row shows it beside our kernel: "torch (FP32, 2674.00 us)"."""
+    precision = m.precision or "precision unknown"
+    return f"{name} ({precision}, {m.median_s * 1e6:.2f} us)"
 
 
 def speedup(ours: Measurement, baselines: Mapping[str, Measurement], *,
             across_clocks: bool = False) -> Speedup:
     """The one computation of "speedup over the best baseline" (floor verdicts, the time
-    table, asv's track_speedup); `across_clocks` compares every baseline whatever its clock
-    (the CLI's --mixed-clocks, said beside the number)."""
-    same = {name: m for name, m in baselines.items()
+    table): over the fastest baseline of our precision timed by our clock. `across_clocks`
+    compares those of our precision whatever their clock (the CLI's --mixed-clocks, said
+    beside the number); no flag divides across precisions."""
+    ours_precision = {name: m for name, m in baselines.items() if m.precision == ours.precision}
+    other_precision = tuple(name for name in baselines if name not in ours_precision)
+    same = {name: m for name, m in ours_precision.items()
             if across_clocks or m.method == ours.method}
-    other = tuple(name for name in baselines if name not in same)
+    other = tuple(name for name in ours_precision if name not in same)
+    common = dict(other_clock=other, other_precision=other_precision, precision=ours.precision)
     if not same:
-        return Speedup(best=None, value=None, other_clock=other)
+        return Speedup(best=None, value=None, **common)
     best = min(same, key=lambda name: same[name].median_s)
-    return Speedup(best=best, value=same[best].median_s / ours.median_s, other_clock=other)
+    return Speedup(best=best, value=same[best].median_s / ours.median_s, **common)
 
 
 def torch_flush(nbytes: int) -> Callable[[], Any]:
@@ -1049,7 +1082,8 @@ def time_timeable(timeable: Timeable, *, regime: str = "cold", rule: StoppingRul
                                     label=timeable.label, method=method, regime=regime,
                                     stop_reason=reason, fingerprint=identity,
                                     all_devices_s=tuple(getattr(sampler.inner, "all_devices",
-                                                                ())))
+                                                                ())),
+                                    precision=timeable.precision)
 
 
 def trace_calls(timeable: Timeable, calls: int = 5) -> list[CallSpan] | None:
@@ -1114,7 +1148,7 @@ def launch_overhead(timeable: Timeable, *, rule: StoppingRule | None = None,
     samples, reason = collect(sampler, rule)
     return Measurement.from_samples(samples, label=timeable.label, method="host-launch",
                                     regime="hot", stop_reason=reason,
-                                    fingerprint=device.to_dict())
+                                    fingerprint=device.to_dict(), precision=timeable.precision)
 
 
 def measure(impl: registry.Implementation, case: registry.Case, direction: str = "fwd",

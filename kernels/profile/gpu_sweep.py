@@ -18,10 +18,11 @@ kernel-name filter, without the sanitizer, and programs of a few lines (PROBES) 
 the tests do to the GPU, candidates for a reproduction free of this repository's code. By
 default the three arms that tell the story: the smallest reproduction found
 (test_softmax_versions alone, following children), the same not following them, and the
-README's command over the whole tier; `--arm` picks others. The kernel log's segfault lines
-(dmesg) name the process that faulted. Output: a table on stdout; in DIR (default $OUT, else
-./gpu_sweep_out) every api call's output in api.log and each sanitizer run's log, with the last
-test started and faulthandler's innermost Python frame named in the table when a run died.
+documented command (docs/kernels.md) over the whole tier; `--arm` picks others. The kernel
+log's segfault lines (dmesg) name the process that faulted. Output: a table on stdout; in DIR
+(default $OUT, else ./gpu_sweep_out) every api call's output in api.log and each sanitizer
+run's log, with the last test started and faulthandler's innermost Python frame named in the
+table when a run died.
 Exit status 1 when an api row is neither correct nor a clear error, or a sanitizer run did not
 exit 0.
 """
@@ -409,7 +410,7 @@ SANITIZER_ARMS = (
                  "many kernels probe", MEMCHECK + APPLICATION_ONLY),
 )
 # The story in three arms: the smallest reproduction, the same not following children, and
-# the README's command over the whole small tier.
+# the documented command (docs/kernels.md) over the whole small tier.
 DEFAULT_SANITIZER_ARMS = tuple(a for a in SANITIZER_ARMS if a.label in (
     "softmax versions alone, memcheck", "softmax versions alone, memcheck, application-only",
     "tests, memcheck, application-only"))

@@ -15,7 +15,9 @@ timed by `kernels.core.timing` with the clock the points are timed by (CUPTI on 
 GPU: a cudaMemcpy is no kernel to it, and ceilings timed by CUDA events read
 low enough that products sat at 114-117% of them), and cached per device model
 in `$KERNELPERF_CACHE/ceilings/<model>.json` (default `~/.cache/kernelperf`),
-with the method; a cache taken by another method is measured again. A CPU
+with the method; a cache taken by another method is measured again. Where a machine has
+no cache, the ceilings the repository ships for its model (`kernels/models/<model>/`,
+written by `python -m kernels bringup`) are used, if timed by the same clock. A CPU
 gets measured ceilings too, so the roofline works on any machine; a GPU with
 no datasheet entry works on measured ceilings alone, with a warning.
 
@@ -37,6 +39,7 @@ import warnings
 from typing import Any
 
 from kernels.core import fingerprint as fingerprint_module
+from kernels.core import modeldata
 
 T = 1e12
 
@@ -421,4 +424,25 @@ def for_device(device: fingerprint_module.Fingerprint | None = None, *,
         warnings.warn(f"no datasheet entry for {device.name!r}; the roofline uses measured "
                       f"ceilings only (add it to kernels/roofline/ceilings.py DATASHEET)",
                       stacklevel=2)
+    if not cache_path(device.model).exists():
+        found = shipped(device)
+        if found is not None:
+            return sheet, found
     return sheet, measured(device, allow_measure=allow_measure)
+
+
+def shipped(device: fingerprint_module.Fingerprint, root: pathlib.Path | None = None
+            ) -> Ceiling | None:
+    """The measured ceilings the repository ships for `device`'s model
+    (kernels/models/<model>/ceilings.json, written by `python -m kernels bringup`), or None:
+    none shipped, measured on another model's board, or timed by another clock than this
+    machine times points by. `for_device` takes them where this machine has no cache."""
+    if device.platform != "gpu":
+        return None
+    data = modeldata.read(device.model, modeldata.CEILINGS, root)
+    if data is None:
+        return None
+    ceiling = Ceiling.from_dict(data["ceiling"])
+    if ceiling.device != device.name or ceiling.method != default_method(device):
+        return None
+    return ceiling

@@ -76,6 +76,7 @@ def point(impl: registry.Implementation, case: registry.Case, direction: str,
         "repeats": measurement.repeats, "method": measurement.method,
         "regime": measurement.regime, "stop_reason": measurement.stop_reason,
         "throttled": measurement.throttled_count, "placement": placements,
+        "precision": measurement.precision or None,
     }
 
 
@@ -191,6 +192,9 @@ def _clusters(xs: list[float], ys: list[float]) -> list[list[int]]:
 
 def _label(p: dict[str, Any]) -> str:
     label = f"{p['impl']} {p['case']}"
+    if p.get("dtype") == "f32" and p.get("precision"):
+        # float32 points of one chart may be FP32 and TF32 products: said on each.
+        label += f" {p['precision']}"
     placement = p["placement"].get("measured") or p["placement"].get("datasheet")
     if placement:
         label += f" {100 * placement['fraction']:.0f}%"

@@ -32,6 +32,7 @@ sticky fault the remaining device items skip with a reason naming the fault.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import faulthandler
 import hashlib
@@ -45,7 +46,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import pytest
 
@@ -365,6 +366,24 @@ def controller(config: pytest.Config) -> _Controller | None:
     return config.pluginmanager.get_plugin("kernelperf-isolation-controller")
 
 
+@contextlib.contextmanager
+def waiting(config: pytest.Config) -> Iterator[None]:
+    """No time limit while the body runs, and the item's whole limit again after it: an item
+    waiting its turn on the device (kernels/testing/perf_phase.py) is not hung, however long
+    the rest of the run takes."""
+    worker = config.pluginmanager.get_plugin("kernelperf-isolation-worker") or \
+        config.pluginmanager.get_plugin("kernelperf-isolation-in-process")
+    armed = worker.armed if worker is not None else None
+    if armed is None:
+        yield
+        return
+    worker._disarm()
+    try:
+        yield
+    finally:
+        worker._rearm(armed)
+
+
 # -- the process that runs items (an xdist worker, or the only process with -n 0) -----------
 
 @dataclasses.dataclass(frozen=True)
@@ -464,6 +483,13 @@ class _Worker:
         # The C watchdog writes its stacks where the controller reads them, then exits.
         faulthandler.dump_traceback_later(
             limit + GRACE_S, exit=True,
+            file=self.fault_file if self.replaceable else self.stderr_fd)
+
+    def _rearm(self, armed: _Armed) -> None:
+        """`armed` again, its whole limit from now."""
+        self.armed = dataclasses.replace(armed, deadline=time.monotonic() + armed.limit)
+        faulthandler.dump_traceback_later(
+            armed.limit + GRACE_S, exit=True,
             file=self.fault_file if self.replaceable else self.stderr_fd)
 
     def _disarm(self) -> None:

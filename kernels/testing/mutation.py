@@ -106,13 +106,22 @@ TARGETS = (
                                      "kernels/roofline/ceilings.py"),
            tests=("correctness_tests/test_roofline_model.py",
                   "correctness_tests/test_measurement.py", "perf_tests/tests/test_perfcheck.py",
+                  # The floors' data files (kernels/models/) and the shipped ceilings.
+                  "correctness_tests/test_model_data.py",
                   # Not the roofline chart's test (1.5 s, matplotlib): the other tests alone
                   # kill all 139 killed mutants of place, the ceilings and the datasheet that it
                   # reaches (2026-11-27); it checks report.py's drawing, not these numbers.
                   "-k", "(place or roof or ceiling or datasheet or floor) and not roofline_chart"),
            preload_package=False),  # the datasheet and the floor tables are built at import
     Target(name="perfcheck", modules=("kernels/bench/perfcheck.py",),
-           tests=("perf_tests/tests/test_perfcheck.py",)),
+           tests=("perf_tests/tests/test_perfcheck.py",
+                  # The interleaved measurement's own tests (the bring-up's file holds them).
+                  *(f"correctness_tests/test_bringup.py::{name}" for name in (
+                      "test_interleaved_rounds_keep_a_throttled_stretch_out_of_the_ratio",
+                      "test_each_round_reverses_the_order_after_one_warm_up_each",
+                      "test_a_failing_baseline_is_named_and_dropped_and_a_failing_kernel_raises",
+                      "test_a_baseline_of_another_clock_is_never_a_ratios_peer",
+                      "test_a_perf_session_measures_an_item_interleaved_once")))),
     # Forked from mutmut's own process (a tenth of a second a mutant, against the fork
     # server's half): none of its tests compiles a JAX program.
     Target(name="asv-verdicts", modules=("kernels/bench/asv_tools.py",),
@@ -616,7 +625,8 @@ SURVIVORS: dict[str, str] = {
         "longer than the read, which is cut anyway",
 }
 
-COPIED = ("correctness_tests", "perf_tests", "conftest.py", "asv.conf.json", "README.md")
+# README.md and docs/: the defaults' tests read the documents' sentences (wherever they stand).
+COPIED = ("correctness_tests", "perf_tests", "conftest.py", "asv.conf.json", "README.md", "docs")
 
 
 def mutmut_paths(target: Target) -> tuple[list[str], list[str]]:
@@ -668,12 +678,13 @@ def _prepare(target: Target, keep_results: bool = False) -> pathlib.Path:
     if _drop_stale_results(work, target, keep=keep_results):
         print(f"mutation: {target.name}: the tests or the code around the target changed; "
               f"every mutant runs again", file=sys.stderr)
-    for name in ("kernels", "correctness_tests", "perf_tests"):
+    for name in ("kernels", "correctness_tests", "perf_tests", "docs"):
         if (work / name).exists():
             shutil.rmtree(work / name)
         shutil.copytree(ROOT / name, work / name,
                         ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.o"))
-    # asv's tests find the project by its conf; the defaults' tests read the README's sentences.
+    # asv's tests find the project by its conf; the defaults' tests read the documents'
+    # sentences (README.md and docs/, copied above).
     for name in ("conftest.py", "asv.conf.json", "README.md"):
         shutil.copy2(ROOT / name, work / name)
     # mutmut's test processes put mutants/ on sys.path; made now, so it exists when they start.

@@ -15,8 +15,10 @@ no agreed order, and such work can wait on itself forever (NCCL's user guide, "U
 multiple NCCL communicators concurrently").
 
 Workers allocate with JAX's platform allocator (conftest.py), which hands memory
-back as arrays die. Items that time the device skip under several workers (see
-kernels.bench.perfcheck.parallel_reason): `pytest -m perf` runs them in one process.
+back as arrays die. The perf items (they time the device) run on a worker of their own, on
+the device alone once the other workers are done (kernels/testing/perf_phase.py); where the
+run may select them, the plan keeps room for that worker at the peak of the largest perf
+case (`perf_bytes`) or of the largest light group, whichever is more, beside the others.
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ HELD_VARIABLE = "KERNELPERF_SEVERAL_DEVICES_HELD"
 # reference (jitted forward, VJP, magnitudes), the implementation's output and gradients,
 # the cached reference and the pristine inputs.
 COPIES = 4
+# What a perf item holds at its peak, in copies of the bytes the backward moves (case dtype):
+# the placed inputs, the forward's output and residuals, the cotangent and the gradients
+# (kernels.core.timing.prepare), plus the L2 flush buffer's few tens of MiB.
+PERF_COPIES = 3
 
 
 @contextlib.contextmanager
@@ -96,15 +102,23 @@ def group(op: registry.Operation, impl: registry.Implementation, case: registry.
     return f"{op.name}-{case.id}"
 
 
+def perf_bytes(op: registry.Operation, case: registry.Case) -> float:
+    """Device bytes a perf item of `case` may hold at its peak: PERF_COPIES times what the
+    backward moves, in the case's dtype (no float32 reference: perf items time, not check)."""
+    return PERF_COPIES * op.work(case, "bwd").bytes
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """The worker count for a GPU of `gpu_bytes`, and why."""
+    """The worker count for a GPU of `gpu_bytes`, and why. `workers` run the kernel checks;
+    with `perf_bytes` the plan also keeps room for the perf items' own worker (one more)."""
 
     workers: int
     gpu_bytes: int
     heavy_bytes: float  # the largest estimate in the heavy group (0 if none)
     light_bytes: float  # the largest estimate outside it
     cpus: int
+    perf_bytes: float = 0.0  # the largest perf case's peak; 0: no room kept for a perf worker
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -115,22 +129,34 @@ class Plan:
                 f"hold {self.heavy_bytes / 2**30:.1f} GiB (the heavy group), the others "
                 f"{self.light_bytes / 2**30:.1f} GiB each, plus "
                 f"{CONTEXT_BYTES / 2**30:.1f} GiB of context per process, within "
-                f"{CAPACITY_FRACTION:.0%}; {self.cpus} CPUs")
+                f"{CAPACITY_FRACTION:.0%}{self._perf()}; {self.cpus} CPUs")
+
+    def _perf(self) -> str:
+        if not self.perf_bytes:
+            return ""
+        return (f", beside one more worker for the perf items (up to "
+                f"{max(self.perf_bytes, self.light_bytes) / 2**30:.1f} GiB)")
 
 
-def plan(gpu_bytes: int, estimates: list[tuple[str, float]], cpus: int) -> Plan:
+def plan(gpu_bytes: int, estimates: list[tuple[str, float]], cpus: int,
+         perf: float = 0.0) -> Plan:
     """Workers that fit `gpu_bytes` given (group, estimated bytes) of the runnable items:
     one worker at the heavy group's peak, the rest at the largest other estimate, each
-    with its context; at most half the CPUs (compiles run on them) and MAX_WORKERS."""
+    with its context; at most half the CPUs (compiles run on them) and MAX_WORKERS. `perf`
+    (the largest perf case's peak, `perf_bytes`): room kept first for the perf worker, at
+    that peak or the largest light estimate (it may get light work where no perf item
+    is selected), whichever is more."""
     heavy = max((b for g, b in estimates if g == HEAVY_GROUP), default=0.0)
     light = max((b for g, b in estimates if g != HEAVY_GROUP), default=0.0)
     capacity = CAPACITY_FRACTION * gpu_bytes
+    if perf:
+        capacity -= max(perf, light) + CONTEXT_BYTES
     if heavy:
         capacity -= heavy + CONTEXT_BYTES
     by_memory = (1 if heavy else 0) + max(0, math.floor(capacity / (light + CONTEXT_BYTES)))
     workers = max(1, min(by_memory, max(1, cpus // 2), MAX_WORKERS))
     return Plan(workers=workers, gpu_bytes=gpu_bytes, heavy_bytes=heavy, light_bytes=light,
-                cpus=cpus)
+                cpus=cpus, perf_bytes=perf)
 
 
 def runnable_estimates(machine: devices.Machine) -> list[tuple[str, float]]:
@@ -144,11 +170,20 @@ def runnable_estimates(machine: devices.Machine) -> list[tuple[str, float]]:
     return estimates
 
 
-def auto_workers(machine: devices.Machine) -> Plan | None:
-    """The plan for this GPU machine; None without a GPU or where its memory is unknown."""
+def perf_estimate(machine: devices.Machine) -> float:
+    """The largest `perf_bytes` over the operations' bench cases on this platform."""
+    platform = "gpu" if machine.has_gpu else "cpu"
+    return max((perf_bytes(op, case) for op in registry.operations()
+                for case in registry.bench_cases(op, platform)), default=0.0)
+
+
+def auto_workers(machine: devices.Machine, perf: bool = False) -> Plan | None:
+    """The plan for this GPU machine (`perf`: with room for the perf items' worker); None
+    without a GPU or where its memory is unknown."""
     if not machine.has_gpu:
         return None
     total = fingerprint.gpu_memory_bytes()
     if total is None:
         return None
-    return plan(total, runnable_estimates(machine), environment.cpu_count())
+    return plan(total, runnable_estimates(machine), environment.cpu_count(),
+                perf=perf_estimate(machine) if perf else 0.0)

@@ -25,10 +25,12 @@ def _device(name: str = H100, platform: str = "gpu") -> fingerprint.Fingerprint:
         cuda="13.0", default_sm_mhz=1980, max_sm_mhz=1980, versions=(("jax", "0.11.2"),))
 
 
-def _measurement(median_s: float, method: str = "cupti", label: str = "m") -> timing.Measurement:
+def _measurement(median_s: float, method: str = "cupti", label: str = "m",
+                 precision: str = "") -> timing.Measurement:
     samples = [median_s * f for f in (0.999, 1.0, 1.001)]
     return timing.Measurement.from_samples(samples, label=label, method=method, regime="cold",
-                                           stop_reason="converged", fingerprint={})
+                                           stop_reason="converged", fingerprint={},
+                                           precision=precision)
 
 
 def _softmax(case_id: str = "f32-32768x4096"):
@@ -216,11 +218,17 @@ def test_no_baseline_on_the_same_clock_is_refused_not_passed():
 
 
 def test_a_named_baseline_is_the_one_compared():
+    """cuda_sgemm's hand-written H100 floor names torch, and the best baseline of its precision
+    (FP32) is torch's too, not XLA's faster TF32 GEMM: named or not, the same peer is the one
+    compared."""
     floor = floors.floor_for(H100, "matmul", "cuda_sgemm", "f32-4096x4096x4096", "fwd")
     assert floor.baseline == "torch"
-    baselines = {"torch": _measurement(2.68e-3), "xla": _measurement(0.4e-3)}
-    verdict = _judge(_measurement(3.26e-3), baselines, None, floor)
-    assert verdict.status == "pass" and verdict.value == pytest.approx(2.68 / 3.26, 1e-3)
+    baselines = {"torch": _measurement(2.68e-3, precision="FP32"),
+                 "xla": _measurement(0.4e-3, precision="TF32")}
+    for chosen in (floor, dataclasses.replace(floor, baseline=None)):
+        verdict = _judge(_measurement(3.26e-3, precision="FP32"), baselines, None, chosen)
+        assert verdict.status == "pass" and verdict.value == pytest.approx(2.68 / 3.26, 1e-3)
+        assert verdict.best_baseline == "torch"
 
 
 def test_a_model_without_floors_and_a_cpu_skip_naming_the_device():
@@ -269,11 +277,89 @@ def test_storage_is_per_device_model():
         "file://./.benchmarks/nvidia-h100-80gb-hbm3"
 
 
-def test_floors_are_not_judged_while_xdist_workers_share_the_device(monkeypatch):
+def test_floors_are_judged_under_xdist_workers_only_with_the_device_alone(monkeypatch):
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "4")
-    assert "4 pytest-xdist workers share the device" in perfcheck.parallel_reason()
+    assert "4 pytest-xdist workers share the device and this one does not hold it alone" in \
+        perfcheck.parallel_reason()
+    assert perfcheck.parallel_reason(alone=True) is None  # the device lock held exclusive
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "1")
     assert perfcheck.parallel_reason() is None
+
+
+# The run's last line on its perf items
+
+def test_a_gpu_model_without_floors_is_a_finding_naming_it_and_the_bring_up():
+    line = perfcheck.finding(device_name="NVIDIA H200", platform="gpu", has_floors=False,
+                             statuses={"skipped": 88})
+    assert line == ("kernelperf: no performance floors for GPU model 'NVIDIA H200': 88 perf "
+                    "items recorded, not judged; bring it up with `python -m kernels bringup` "
+                    "or `make bringup`")
+
+
+def test_a_cpu_run_says_what_it_timed_instead():
+    line = perfcheck.finding(device_name="AMD EPYC", platform="cpu", has_floors=False,
+                             statuses={"skipped": 2}, timed="softmax-pallas")
+    assert line == ("kernelperf: perf items on a CPU (AMD EPYC): 2 recorded, timed "
+                    "softmax-pallas with the host clock, not judged: floors are per GPU model")
+
+
+def test_a_model_with_floors_counts_its_verdicts():
+    line = perfcheck.finding(device_name=H100, platform="gpu", has_floors=True,
+                             statuses={"pass": 80, "fail": 2, "skipped": 3})
+    assert line == (f"kernelperf: perf items judged against the floors of {H100!r}: 80 passed, "
+                    f"2 under their floor, 3 without a floor")
+
+
+def _perf_conftest():
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(
+        "kernelperf_perf_conftest", pathlib.Path(__file__).parent / "conftest.py")
+    module = sys.modules.setdefault(spec.name, importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Terminal:
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def section(self, title):
+        self.lines.append(f"== {title}")
+
+    def write_line(self, line):
+        self.lines.append(line)
+
+
+@pytest.mark.parametrize("device_name, has_floors", [("NVIDIA H200", False), (H100, True)])
+def test_the_run_ends_with_its_finding_after_the_floor_table(device_name, has_floors):
+    """What a run prints last about its perf items, from the rows its items (or the perf
+    worker, shipped) reported: on a model without floors (the H200), the finding naming it
+    and the bring-up command; the H100's floors judge the H100 only."""
+    assert (floors.table(device_name) is not None) is has_floors
+    module = _perf_conftest()
+    config = pytest.Config.__new__(pytest.Config)  # a stash is all the hooks read here
+    config.stash = pytest.Stash()
+    config.stash[module.VERDICTS] = []
+    session = perfcheck.PerfSession(_device(device_name), perfcheck.stopping_rule(_device()))
+    op, _, case = _softmax()
+    floor = floors.floor_for(device_name, "softmax", "pallas", case.id, "fwd")
+    seconds = 0.35e-3  # 0.92 of the H100's datasheet bandwidth: over its 0.80 floor
+    verdict = _judge(_measurement(seconds), {}, _sheet_placement(op, case, seconds), floor,
+                     device=_device(device_name), has_floors=has_floors)
+    module._reporter(config, session)("softmax-pallas-f32-32768x4096-fwd", verdict)
+    terminal = _Terminal()
+    module.pytest_terminal_summary(terminal, 0, config)
+    assert terminal.lines[0] == "== kernelperf floors"
+    assert terminal.lines[2].startswith("softmax-pallas-f32-32768x4096-fwd")
+    if has_floors:
+        assert terminal.lines[-1] == (f"kernelperf: perf items judged against the floors of "
+                                      f"{H100!r}: 1 passed")
+    else:
+        assert terminal.lines[-1] == ("kernelperf: no performance floors for GPU model "
+                                      "'NVIDIA H200': 1 perf items recorded, not judged; bring "
+                                      "it up with `python -m kernels bringup` or `make bringup`")
 
 
 def test_a_baseline_that_could_not_be_timed_is_named_and_never_passes_a_floor():
@@ -401,7 +487,8 @@ def test_extra_info_carries_every_number_of_the_verdict():
     assert info["measured_roofline_fraction"] is None
     assert info["speedup"] == pytest.approx(0.5) and info["best_baseline"] == "xla"
     assert info["baselines"] == {"xla": {"median_s": 1e-3, "method": "cupti",
-                                         "cv": pytest.approx(baselines["xla"].cv)}}
+                                         "cv": pytest.approx(baselines["xla"].cv),
+                                         "precision": None}}
     assert info["baseline_errors"] == {"torch": "boom"}
     assert info["floor"] == dataclasses.asdict(floor)
     assert info["floor_value"] == verdict.value and info["floor_verdict"] == verdict.status
@@ -679,6 +766,7 @@ def test_a_saved_run_of_unknown_clock_or_device_is_refused_saying_so():
 def test_two_workers_already_share_the_device(monkeypatch):
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
     assert perfcheck.parallel_reason().startswith("2 pytest-xdist workers share the device")
+    assert perfcheck.parallel_reason(alone=True) is None
 
 
 def test_a_host_clock_refusal_keeps_its_floor_and_the_measurement():

@@ -7,9 +7,10 @@ process, `pytest -m "gpu and not perf"` leaves them out. Each item times the ker
 the operation's baselines in this process (kernels.bench.perfcheck), records the
 kernel's device-time samples through pytest-benchmark, then checks the floor
 for this GPU model; on CPU, or on a model without floors, it records and skips
-the check with the reason. Under several xdist workers (a plain `pytest -m
-gpu`) it skips at once, naming them: `pytest -m perf` runs the perf tests alone,
-in one process.
+the check with the reason (and the run's last line names the model). Under
+xdist workers (a plain `pytest -m gpu`) the items are one xdist group, run by a
+worker of their own: it warms them all up while the others run, then times
+each with the device to itself (`device_alone`, kernels/testing/perf_phase.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 from kernels.bench import perfcheck
 from kernels.core import devices, registry
 from kernels.roofline import floors
+from kernels.testing import perf_phase
 from kernels.testing.marks import kernel_marks
 
 ITEMS = {item.id: item for item in perfcheck.perf_items()}
@@ -28,7 +30,7 @@ def _params() -> list:
     machine = devices.this_machine()
     params = []
     for item in ITEMS.values():
-        marks = [pytest.mark.perf,
+        marks = [pytest.mark.perf, pytest.mark.xdist_group(perf_phase.PERF_GROUP),
                  pytest.mark.benchmark(timer=perfcheck.device_time, group=item.group),
                  *kernel_marks(item.impl, item.skip_reason, machine)]
         params.append(pytest.param(item.id, id=item.id, marks=marks))
@@ -36,10 +38,11 @@ def _params() -> list:
 
 
 @pytest.mark.parametrize("perf_id", _params())
-def test_kernel_performance(perf_id: str, perf_session: perfcheck.PerfSession, benchmark,
+def test_kernel_performance(perf_id: str, perf_session: perfcheck.PerfSession,
+                            warmed_perf_items: None, device_alone: bool, benchmark,
                             saved_record, report_verdict) -> None:
-    parallel = perfcheck.parallel_reason()
-    if parallel:  # nothing to judge, and pytest-benchmark records nothing under xdist
+    parallel = perfcheck.parallel_reason(alone=device_alone)
+    if parallel:  # another process may be timing or computing on the device
         pytest.skip(parallel)
     item = ITEMS[perf_id]
     device = perf_session.device

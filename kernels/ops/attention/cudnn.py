@@ -2,7 +2,7 @@
 
 import jax
 
-from kernels.core import registry
+from kernels.core import precisions, registry
 from kernels.ops.attention import spec
 
 
@@ -28,4 +28,5 @@ registry.register_implementation(registry.Implementation(
     op=spec.NAME, name="cudnn", fn=attention, baseline=True, supports=supports,
     requires=registry.Requirements(gpu=True, min_compute_capability=(8, 0)),
     description='jax.nn.dot_product_attention(implementation="cudnn")',
+    precision=precisions.NO_FLOAT32,  # bf16/f16 only (supports)
 ))

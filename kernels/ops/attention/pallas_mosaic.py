@@ -51,7 +51,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels.core import compat, registry, tuning, validation
+from kernels.core import compat, precisions, registry, tuning, validation
 from kernels.ops.attention import spec
 
 IMPL = "pallas_mosaic"
@@ -793,6 +793,7 @@ registry.register_implementation(registry.Implementation(
     op=spec.NAME,
     name=IMPL,
     fn=attention,
+    precision=precisions.NO_FLOAT32,  # wgmma on bf16/f16 (supports)
     requires=registry.Requirements(min_compute_capability=(9, 0)),
     supports=supports,
     description="Pallas Mosaic GPU: FlashAttention-3 forward (TMA K/V ring, 2 ping-pong "

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels.core import compat, registry, validation
+from kernels.core import compat, precisions, registry, validation
 from kernels.ops.attention import spec
 
 plt = compat.pallas_triton()
@@ -316,6 +316,9 @@ registry.register_implementation(registry.Implementation(
     op=spec.NAME,
     name=IMPL,
     fn=attention,
+    # Precision.HIGHEST for float32 (_precision), which the Triton lowering maps to
+    # input_precision IEEE; interpret mode: XLA:CPU, FP32.
+    precision=precisions.EVERYWHERE_FP32,
     description="Pallas (Triton lowering), FlashAttention-2 forward with saved log-sum-exp, "
                 "dK/dV and dQ backward kernels; custom VJP",
 ))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
-from kernels.core import registry
+from kernels.core import precisions, registry
 from kernels.ops.attention import spec
 
 if TYPE_CHECKING:  # torch is imported by a call, not by loading the registry
@@ -54,4 +54,5 @@ for _name, _backend, _label, _description in (
         requires=registry.Requirements(gpu=True, min_compute_capability=(8, 0),
                                        modules=("torch",)),
         description=_description,
+        precision=precisions.NO_FLOAT32,  # bf16/f16 only (_supports)
     ))

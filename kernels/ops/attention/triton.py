@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels.core import compat, frameworks, registry, validation
+from kernels.core import compat, frameworks, precisions, registry, validation
 from kernels.ops.attention import spec, triton_gluon
 
 if TYPE_CHECKING:  # torch is imported by a call, not by loading the registry
@@ -598,6 +598,8 @@ registry.register_implementation(registry.Implementation(
     op=spec.NAME,
     name="triton",
     fn=attention,
+    # input_precision="ieee" for float32 (_dot_precision); the interpreter is FP32 anyway.
+    precision=precisions.EVERYWHERE_FP32,
     framework="torch",
     requires=registry.Requirements(modules=("torch", "triton")),
     supports=supports,

@@ -2,7 +2,7 @@
 
 import jax
 
-from kernels.core import compat, registry
+from kernels.core import compat, precisions, registry
 from kernels.ops.attention import spec
 
 
@@ -37,4 +37,5 @@ def supports(case: registry.Case) -> str | None:
 registry.register_implementation(registry.Implementation(
     op=spec.NAME, name="xla", fn=attention, baseline=True, supports=supports,
     description='jax.nn.dot_product_attention(implementation="xla")',
+    precision=precisions.EVERYWHERE_FP32,  # default_matmul_precision("highest") for f32
 ))

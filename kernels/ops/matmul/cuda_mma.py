@@ -13,7 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernels.core import dtypes, frameworks, registry, validation
+from kernels.core import dtypes, frameworks, precisions, registry, validation
 from kernels.cuda import runtime
 from kernels.ops.matmul import spec
 
@@ -98,6 +98,7 @@ registry.register_implementation(registry.Implementation(
     op=spec.NAME,
     name="cuda_mma",
     fn=matmul,
+    precision=precisions.NO_FLOAT32,  # mma.sync on bf16/f16 (supports)
     framework="torch",
     requires=registry.Requirements(gpu=True, min_compute_capability=(8, 0), modules=("torch",)),
     differentiable=False,

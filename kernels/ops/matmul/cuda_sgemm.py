@@ -12,7 +12,7 @@ import ctypes
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernels.core import dtypes, frameworks, registry
+from kernels.core import dtypes, frameworks, precisions, registry
 from kernels.cuda import runtime
 from kernels.ops.matmul import spec
 
@@ -66,6 +66,7 @@ registry.register_implementation(registry.Implementation(
     op=spec.NAME,
     name="cuda_sgemm",
     fn=matmul,
+    precision=precisions.EVERYWHERE_FP32,  # FFMA, no tensor cores (sgemm.cu)
     framework="torch",
     requires=registry.Requirements(gpu=True, modules=("torch",)),
     differentiable=False,

@@ -16,7 +16,7 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernels.core import dtypes, frameworks, registry, validation
+from kernels.core import dtypes, frameworks, precisions, registry, validation
 from kernels.cuda import runtime
 from kernels.ops.matmul import spec
 
@@ -119,6 +119,7 @@ registry.register_implementation(registry.Implementation(
     op=spec.NAME,
     name="cuda_wgmma",
     fn=matmul,
+    precision=precisions.NO_FLOAT32,  # wgmma on bf16/f16 (supports)
     framework="torch",
     requires=registry.Requirements(gpu=True, min_compute_capability=CAPABILITY,
                                    modules=("torch",)),

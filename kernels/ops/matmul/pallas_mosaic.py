@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels.core import compat, registry, tuning, validation
+from kernels.core import compat, precisions, registry, tuning, validation
 from kernels.ops.matmul import spec
 
 IMPL = "pallas_mosaic"
@@ -292,6 +292,7 @@ registry.register_implementation(registry.Implementation(
     op=spec.NAME,
     name=IMPL,
     fn=matmul,
+    precision=precisions.NO_FLOAT32,  # wgmma on bf16/f16 (supports)
     requires=registry.Requirements(min_compute_capability=(9, 0)),
     supports=supports,
     description="Pallas Mosaic GPU: TMA pipeline, 2 wgmma consumer warpgroups, persistent "

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels.core import compat, registry, tuning, validation
+from kernels.core import compat, precisions, registry, tuning, validation
 from kernels.ops.matmul import spec
 
 plt = compat.pallas_triton()
@@ -178,6 +178,10 @@ registry.register_implementation(registry.Implementation(
     op=spec.NAME,
     name=IMPL,
     fn=matmul,
+    # jnp.dot at the default precision: the Triton lowering maps DEFAULT (and HIGH) to
+    # input_precision TF32 for float32 (jax/_src/pallas/triton/lowering.py,
+    # _dot_general_lowering); interpret mode runs the dot on XLA:CPU, in FP32.
+    precision=precisions.TF32_ON_GPU,
     description="Pallas (Triton lowering), tiled, grouped tile order, f32 accumulation; "
                 "custom VJP through the same kernel",
 ))

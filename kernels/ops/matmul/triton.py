@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import triton
 import triton.language as tl
 
-from kernels.core import compat, frameworks, registry, validation
+from kernels.core import compat, frameworks, precisions, registry, validation
 from kernels.ops.matmul import spec
 
 if TYPE_CHECKING:  # torch is imported by a call, not by loading the registry
@@ -193,6 +193,9 @@ registry.register_implementation(registry.Implementation(
     op=spec.NAME,
     name="triton",
     fn=matmul,
+    # tl.dot(input_precision="tf32") below; Triton's interpreter multiplies in NumPy
+    # float32 whatever input_precision says (triton/runtime/interpreter.py, create_dot).
+    precision=precisions.TF32_ON_GPU,
     framework="torch",
     requires=registry.Requirements(modules=("torch", "triton")),
     description="Triton: tiled, grouped tile order, f32 accumulation, autotuned on (M, N, K); "

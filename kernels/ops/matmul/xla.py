@@ -3,7 +3,7 @@
 import jax
 import jax.numpy as jnp
 
-from kernels.core import registry
+from kernels.core import precisions, registry
 from kernels.core.hlo_rules import HloExpectation, HloRules
 from kernels.ops.matmul import spec
 
@@ -16,6 +16,9 @@ def matmul(a: jax.Array, b: jax.Array) -> jax.Array:
 registry.register_implementation(registry.Implementation(
     op=spec.NAME, name="xla", fn=matmul, baseline=True,
     description="jnp.matmul through XLA (cuBLAS on GPU)",
+    # XLA's default dot precision: TF32 for float32 on an Ampere+ GPU (JAX's "Matmul
+    # precision" notes), FP32 on XLA:CPU.
+    precision=precisions.TF32_ON_GPU,
     # On GPU one cuBLAS call or one Triton GEMM fusion (XLA's autotuner picks), so the
     # custom calls are not pinned; for awkward shapes a split-K Triton GEMM adds a padding
     # fusion per operand and the reduction of the partial products (4 fusions for

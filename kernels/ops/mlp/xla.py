@@ -6,7 +6,7 @@ the forward: the most memory, no recomputation. See xla_remat.py for the trade.
 
 import jax
 
-from kernels.core import registry
+from kernels.core import precisions, registry
 from kernels.ops.mlp import spec
 
 
@@ -21,4 +21,5 @@ def mlp(x: jax.Array, w1: jax.Array, w2: jax.Array) -> jax.Array:
 registry.register_implementation(registry.Implementation(
     op=spec.NAME, name="xla", fn=mlp, baseline=True,
     description="lax.scan over layers, XLA; the backward keeps every activation",
+    precision=precisions.TF32_ON_GPU,  # XLA's default dots
 ))

@@ -9,7 +9,7 @@ time up. Same forward as xla.py.
 
 import jax
 
-from kernels.core import registry
+from kernels.core import precisions, registry
 from kernels.ops.mlp import spec
 
 
@@ -40,4 +40,5 @@ def mlp(x: jax.Array, w1: jax.Array, w2: jax.Array) -> jax.Array:
 registry.register_implementation(registry.Implementation(
     op=spec.NAME, name="xla_remat", fn=mlp,
     description="lax.scan over layers with jax.checkpoint per layer: less memory, more FLOPs",
+    precision=precisions.TF32_ON_GPU,  # XLA's default dots
 ))

@@ -18,7 +18,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from kernels.core import compat, registry
+from kernels.core import compat, precisions, registry
 from kernels.ops.moe import spec
 from kernels.sharding import meshes
 
@@ -70,4 +70,6 @@ registry.register_implementation(registry.Implementation(
     op=spec.NAME, name="expert_parallel", fn=moe, prepare=prepare,
     requires=registry.Requirements(devices=2),
     description="shard_map: experts over the expert axis, all-to-all dispatch and return",
+    # XLA's default dots for the tokens' products (the router's logits are HIGHEST).
+    precision=precisions.TF32_ON_GPU,
 ))

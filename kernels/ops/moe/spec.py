@@ -191,11 +191,13 @@ def exchanges(case: registry.Case, direction: str) -> tuple[registry.Exchange, .
                  for label in ("dispatch", "combine"))
 
 
-def tolerance(case: registry.Case) -> float:
+def tolerance(case: registry.Case, *, rounding: float = 0.0) -> float:
     """Four chained products (dispatch, the expert's two layers, combine), each rounding its
-    inputs: GPUs multiply float32 in TF32 by default (10-bit mantissa), as the matmul op allows."""
-    tf32 = 2.0 ** -10 if case.dtype == "f32" else 0.0
-    return 4 * (tf32 + checking.relative_tolerance(case.dtype, max(case["embed"], case["mlp"])))
+    result; `rounding`: the relative rounding of float32 operands by the implementation's
+    precision (TF32: 2^-11), twice per product. The router's logits are FP32 in every
+    implementation (`route`)."""
+    return 4 * (2.0 * rounding
+                + checking.relative_tolerance(case.dtype, max(case["embed"], case["mlp"])))
 
 
 def _case(dtype: str, dims: tuple[int, ...], mesh: str, *tags: str, top_k: int = 2,
@@ -253,6 +255,7 @@ OPERATION = registry.register_operation(registry.Operation(
     tolerance=tolerance,
     cases=_cases(),
     validate=validate,
+    dots=True,
     bad_inputs=BAD_INPUTS,
     # Groups (tokens) over the expert axis, hidden features over model.
     weak_scaling=((meshes.DATA, ("groups",)), (meshes.MODEL, ("mlp",))),

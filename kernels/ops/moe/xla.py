@@ -12,7 +12,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from kernels.core import registry
+from kernels.core import precisions, registry
 from kernels.ops.moe import expert_parallel, spec
 from kernels.sharding import meshes
 
@@ -48,4 +48,6 @@ registry.register_implementation(registry.Implementation(
     op=spec.NAME, name="xla", fn=moe, baseline=True,
     prepare=expert_parallel.prepare, requires=registry.Requirements(devices=2),
     description="dense GShard einsums, with_sharding_constraint, XLA SPMD partitioning",
+    # XLA's default dots for the tokens' products (the router's logits are HIGHEST).
+    precision=precisions.TF32_ON_GPU,
 ))

@@ -26,7 +26,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from kernels.core import compat, registry
+from kernels.core import compat, precisions, registry
 from kernels.ops.sharded_matmul import spec
 from kernels.sharding import meshes
 
@@ -132,4 +132,5 @@ registry.register_implementation(registry.Implementation(
     op=spec.NAME, name="collective", fn=matmul, prepare=spec.prepare,
     requires=registry.Requirements(devices=2),
     description="shard_map ring collective matmul (ppermute overlapped with local products)",
+    precision=precisions.TF32_ON_GPU,  # XLA's default dots per device
 ))

@@ -40,7 +40,7 @@ import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from kernels.core import compat, registry
+from kernels.core import compat, precisions, registry
 from kernels.ops.sharded_matmul import spec
 from kernels.sharding import meshes
 
@@ -212,6 +212,7 @@ def matmul(a: jax.Array, b: jax.Array, mesh: str, config: Config | None = None) 
 
 registry.register_implementation(registry.Implementation(
     op=spec.NAME, name="mosaic", fn=matmul, prepare=place, supports=supports,
+    precision=precisions.NO_FLOAT32,  # wgmma on bf16/f16 (supports)
     requires=registry.Requirements(gpu=True, min_compute_capability=(9, 0), devices=2),
     description="Mosaic GPU all_gather_lhs_matmul: TMA sends of A's tiles to the peer inside "
                 "the GEMM (1xN mesh over every GPU)",

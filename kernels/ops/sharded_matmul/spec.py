@@ -75,8 +75,8 @@ def work(case: registry.Case, direction: str) -> registry.Work:
                          comm_bytes=gathered + 2 * (data - 1) * k * n * itemsize)
 
 
-def tolerance(case: registry.Case) -> float:
-    return matmul_spec.tolerance(case)
+def tolerance(case: registry.Case, *, rounding: float = 0.0) -> float:
+    return matmul_spec.tolerance(case, rounding=rounding)
 
 
 def gradient_magnitude(inputs, c, dc, *, mesh: str):
@@ -128,6 +128,7 @@ OPERATION = registry.register_operation(registry.Operation(
     tolerance=tolerance,
     cases=_cases(),
     validate=validate,
+    dots=True,
     bad_inputs=BAD_INPUTS,
     gradient_magnitude=gradient_magnitude,
     # A's rows are split over data and model: m per device stays fixed as either grows.

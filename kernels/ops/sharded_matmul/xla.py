@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
-from kernels.core import registry
+from kernels.core import precisions, registry
 from kernels.ops.sharded_matmul import spec
 from kernels.sharding import meshes
 
@@ -46,4 +46,5 @@ registry.register_implementation(registry.Implementation(
     op=spec.NAME, name="xla", fn=matmul, baseline=True,
     prepare=spec.prepare, requires=registry.Requirements(devices=2),
     description="jnp.matmul partitioned by XLA's SPMD partitioner (NamedSharding in/out)",
+    precision=precisions.TF32_ON_GPU,  # XLA's default dots
 ))

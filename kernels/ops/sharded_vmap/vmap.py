@@ -13,7 +13,7 @@ import functools
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from kernels.core import registry
+from kernels.core import precisions, registry
 from kernels.ops.sharded_vmap import spec
 from kernels.sharding import meshes
 
@@ -45,4 +45,5 @@ registry.register_implementation(registry.Implementation(
     op=spec.NAME, name="vmap", fn=vmapped, prepare=spec.prepare,
     requires=registry.Requirements(devices=2),
     description="jax.vmap(spmd_axis_name=data) under jit with NamedSharding in and out",
+    precision=precisions.TF32_ON_GPU,  # XLA's default dot (bf16 cases: exact products)
 ))

@@ -7,7 +7,7 @@ import functools
 import jax
 from jax.sharding import NamedSharding
 
-from kernels.core import registry
+from kernels.core import precisions, registry
 from kernels.ops.sharded_vmap import spec
 from kernels.sharding import meshes
 
@@ -34,4 +34,5 @@ registry.register_implementation(registry.Implementation(
     op=spec.NAME, name="xla", fn=written_out, baseline=True,
     prepare=spec.prepare, requires=registry.Requirements(devices=2),
     description="batched einsum + softmax, jit with NamedSharding in and out",
+    precision=precisions.TF32_ON_GPU,  # XLA's default dot (bf16 cases: exact products)
 ))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kernels.core import registry
+from kernels.core import precisions, registry
 from kernels.ops.transformer_block import spec
 from kernels.sharding import meshes
 
@@ -36,4 +36,5 @@ registry.register_implementation(registry.Implementation(
     op=spec.NAME, name="nnx", fn=block, prepare=prepare,
     requires=registry.Requirements(devices=2, modules=("flax",)),
     description="Flax NNX module, nnx.with_partitioning + logical axis rules, jit",
+    precision=precisions.TF32_ON_GPU,  # XLA's default dots
 ))

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels.core import registry
+from kernels.core import precisions, registry
 from kernels.ops.transformer_block import spec
 from kernels.sharding import meshes
 
@@ -47,4 +47,5 @@ registry.register_implementation(registry.Implementation(
     op=spec.NAME, name="xla", fn=block, baseline=True, prepare=prepare,
     requires=registry.Requirements(devices=2),
     description="plain jnp block, jit with NamedSharding in/out (XLA chooses the rest)",
+    precision=precisions.TF32_ON_GPU,  # XLA's default dots
 ))
