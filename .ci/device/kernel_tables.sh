@@ -120,5 +120,5 @@ done
 # with TFLOP/s and GB/s per row, are in tables.log).
 echo
 echo "=== the ratios (full tables: $TABLES)"
-awk '/^=== /{print; keep=0} /^vs /{keep=1} /: exit [0-9]+ in /{keep=0; print; next} keep' \
+awk '/^=== /{print; keep=0} /^vs /{keep=1} /: exit [0-9]+/{keep=0; print; next} keep' \
     "$TABLES"
