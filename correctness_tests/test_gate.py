@@ -681,7 +681,8 @@ def test_a_trial_runs_the_ci_path_narrowed_to_its_plants_and_reads_every_verdict
     assert command[command.index("--head") + 1] == "h" * 40
     assert command[command.index("--bench") + 1] == r"(Matmul|Softmax)\.time_device"
     assert command[command.index("--confirm-rounds") + 1] == "2"
-    assert "--reuse-base" in command
+    # the interleaved gate: the base is measured beside the head, never reused
+    assert "--reuse-base" not in command and "--sequential" not in command
     env = call["env"]
     cases = sorted(p.case[platform] for p in plants)
     assert env["KERNELPERF_BENCH_CASES"] == ",".join(cases)

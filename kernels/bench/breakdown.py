@@ -31,6 +31,10 @@ LABELS = {"process": "worker process start (imports)", "backend": "backend start
           "launch": "host launch cost (dashboard)"}
 PASSES = ("first", "confirm")
 PASS_LABELS = {"first": "first pass", "confirm": "confirmation"}
+# The interleaved gate's two workers start and compile at once: their seconds, summed above,
+# exceed the wall time they took by this much (or the driver waited this much more between).
+OVERLAP = "the two workers at once (their seconds above overlap)"
+BETWEEN = "between the workers' phases (the driver, the pipes)"
 OUTSIDE_ASV = "asv's own work (environments, installs, discovery, a process per benchmark)"
 # Set by `python -m kernels bench`, which prints one breakdown over all its asv runs: the asv
 # plugin then prints none per run.
@@ -86,10 +90,13 @@ class Breakdown:
     def accounted(self) -> float:
         return sum(self.seconds.values())
 
-    def render(self, wall_s: float | None, outside: str = OUTSIDE_ASV) -> str:
+    def render(self, wall_s: float | None, outside: str = OUTSIDE_ASV,
+               outside_s: float | None = None) -> str:
         """The table: a row per phase (its seconds and share of `wall_s`, or of what the
-        journals measured), first `outside` (the wall time nothing else accounts for); with
-        confirmation rounds, a column per pass."""
+        journals measured), first `outside` (the wall time nothing else accounts for, or
+        `outside_s` where the caller measured it: then a row for the workers' seconds that
+        overlapped, negative, keeps the sum at the wall time); with confirmation rounds, a
+        column per pass."""
         rows = []
         total = wall_s if wall_s else self.accounted
         names = ["process", "backend", "ahead", *PHASES, *self.labels]
@@ -100,12 +107,16 @@ class Breakdown:
         def cells(name: str) -> list[str]:
             return [f"{self.by_pass.get(which, {}).get(name, 0.0):.1f}" for which in passes]
         if wall_s:
-            rest = max(0.0, wall_s - self.accounted)
+            rest = max(0.0, wall_s - self.accounted) if outside_s is None else outside_s
             rows.append([outside, *(["-"] * len(passes)), f"{rest:.1f}", f"{rest / total:.0%}"])
         rows += [[self.labels.get(name) or LABELS[name], *cells(name),
                   f"{self.seconds.get(name, 0.0):.1f}",
                   f"{self.seconds.get(name, 0.0) / total:.0%}" if total else "-"]
                  for name in names if name in self.seconds]
+        overlap = wall_s - outside_s - self.accounted if wall_s and outside_s is not None else 0
+        if round(overlap, 1):
+            rows.append([OVERLAP if overlap < 0 else BETWEEN, *(["-"] * len(passes)),
+                         f"{overlap:.1f}", f"{overlap / total:.0%}"])
         rows.append(["total" + (" (wall)" if wall_s else " (measured)"),
                      *[f"{sum(self.by_pass.get(which, {}).values()):.1f}" for which in passes],
                      f"{total:.1f}", "100%"])

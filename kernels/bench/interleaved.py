@@ -44,8 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from kernels.bench import asv_tools, breakdown, confirm, recover
 
 Key = tuple[str, str, str, str]
-OUTSIDE = ("the gate's own work (commits' files, the compare, results written, waits between "
-           "the workers)")
+OUTSIDE = "the gate's own work (the compare, its tables, the workers' exit)"
 
 
 def _print(line: str) -> None:
@@ -155,7 +154,7 @@ def plan(base: str, head: str, *, bench_regex: str | None, dashboard: bool,
     discover_with = discover_with or discover
     benchmark_dir = pathlib.Path(_conf().benchmark_dir)
     started = time.monotonic()
-    trees = {commit: confirm.source_tree(commit) for commit in (base, head)}
+    trees = {commit: confirm.source_tree(commit) for commit in (base, head)}  # made once
     with ThreadPoolExecutor(2) as pool:
         found = {commit: pool.submit(discover_with, trees[commit], dashboard=dashboard,
                                      benchmark_dir=benchmark_dir) for commit in (base, head)}
@@ -277,10 +276,13 @@ def gate(base_rev: str, head_rev: str, *, machine: str, bench_regex: str | None 
     pool = confirm.Pool(root, keys=plan_.keys, dashboard=dashboard, log=log, spawn=spawn,
                         worker_command=worker_command)
     floors = asv_tools.load_floors(machine, results_dir)
-    written_s = 0.0
+    measuring_s = written_s = 0.0
+    timed = _Timed(pool.measure)
     try:
         try:
+            began = time.monotonic()
             first_pass(plan_, pool, rounds=rounds, min_gap=min_gap, floors=floors, log=log)
+            measuring_s = time.monotonic() - began
         finally:  # interrupted too: what was measured is kept as asv results
             writing = time.monotonic()
             write_results(plan_, pool, machine, results_dir, log=log)
@@ -288,13 +290,29 @@ def gate(base_rev: str, head_rev: str, *, machine: str, bench_regex: str | None 
         status = asv_tools.run(base_rev, head_rev, machine=machine, results_dir=results_dir,
                                min_gap=min_gap, summary_md=summary_md, confirm_rounds=rounds,
                                json_path=json_path, base_since_ms=started * 1000.0,
-                               confirm_measure=pool.measure)
+                               confirm_measure=timed)
     finally:
         pool.close()
     found = breakdown.read(sorted(root.rglob("*.jsonl")))
-    found.add_phase("discovery", "commits' benchmarks discovered (asv, both at once)",
-                    plan_.discovery_s)
+    found.add_phase("discovery", "commits' files and benchmarks (asv's discovery, both at "
+                    "once)", plan_.discovery_s)
     found.add_phase("results", "asv results written from the journals", written_s)
     wall = time.time() - started
-    log(f"interleaved gate on 2 commits took {wall:.0f} s; " + found.render(wall, OUTSIDE))
+    outside = wall - plan_.discovery_s - measuring_s - timed.seconds - written_s
+    log(f"interleaved gate on 2 commits took {wall:.0f} s; "
+        + found.render(wall, OUTSIDE, outside_s=max(0.0, outside)))
     return status
+
+
+class _Timed:
+    """A measure function, and the wall seconds spent in it."""
+
+    def __init__(self, measure):
+        self.measure, self.seconds = measure, 0.0
+
+    def __call__(self, *args):
+        began = time.monotonic()
+        try:
+            return self.measure(*args)
+        finally:
+            self.seconds += time.monotonic() - began

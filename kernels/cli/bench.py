@@ -99,6 +99,7 @@ def cmd_gate_power(args: argparse.Namespace) -> int:
                                  aa_trials=args.aa_trials, factor=args.factor,
                                  speedup=not args.no_speedup,
                                  confirm_rounds=args.confirm_rounds,
+                                 sequential=args.sequential,
                                  reuse_base=not args.fresh_base)
     except ValueError as error:
         raise validation.UserError(str(error)) from None
@@ -138,8 +139,12 @@ def _add_gate_power(sub) -> None:
                             "(default 3)")
     gate_power.add_argument("--no-speedup", action="store_true",
                             help="skip the reverted-plant speed-up trial")
+    gate_power.add_argument("--sequential", action="store_true",
+                            help="run the gate as it was, kernels bench --sequential (asv run "
+                            "on each commit; default: the interleaved gate)")
     gate_power.add_argument("--fresh-base", action="store_true",
-                            help="run asv on the base in every trial (default: once)")
+                            help="with --sequential, run asv on the base in every trial "
+                            "(default: once; the interleaved gate measures it every trial)")
     gate_power.add_argument("--keep", action="store_true", help="keep the scratch clone")
 
 
