@@ -440,11 +440,12 @@ class LiveWorker:
 
     def __init__(self, name: str, directory: Path, keys: Sequence[Key], *,
                  python: str = sys.executable, env: dict[str, str] | None = None,
-                 dashboard: bool = False, limit: Callable[[Key], float] = item_limit,
+                 dashboard: bool = False, limit: Callable[[Key], float] | None = None,
                  log: Callable[[str], None] | None = None, spawn=None,
                  worker_command: Sequence[str] | None = None):
         self.name, self.directory, self.keys = name, directory, list(keys)
-        self.python, self.env, self.dashboard, self.limit = python, env, dashboard, limit
+        self.python, self.env, self.dashboard = python, env, dashboard
+        self.limit = limit or item_limit
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self.spawn = spawn or _PipeChannel
         self.worker_command = worker_command
@@ -506,7 +507,7 @@ class LiveWorker:
         could not start (then this LiveWorker is broken for good)."""
         if self.broken:
             raise _Lost(self.broken, False)
-        if self.channel is not None and self.channel.exit_code(0) is not None:
+        if self.channel is not None and self.ready and self.channel.exit_code(0) is not None:
             self.channel.kill()  # it died between commands: that costs no parameter set
             self.channel = None
         self.start(pass_name)

@@ -268,17 +268,25 @@ class Pool:
         """Where `pass_name`'s records of `key` go: the first pass's beside the operation's
         name (what kernels.bench.recover writes asv results from), the rounds' apart."""
         folder = self.root / commit[:12] / ("rounds" if pass_name == "confirm" else "")
+        folder.mkdir(parents=True, exist_ok=True)  # the worker appends, never makes folders
         return folder / f"{key[0]}.jsonl"
 
     def keep(self, commit: str, key: tuple, index: int, record: dict) -> None:
         self.kept[(commit, key, index)] = {**record, "stored": True}
 
     def measure(self, commit: str, keys: list, index: int) -> dict:
-        """Round `index` of `keys` on `commit`: each kept record, else measured now."""
+        """Round `index` of `keys` on `commit`: each kept record, else measured now (and
+        kept: asked again, the same round is served, not measured twice)."""
         out = {}
         for key in keys:
-            out[key] = self.kept.get((commit, key, index)) or self.worker(commit).measure(
-                key, self.journal(commit, key, "confirm"), "confirm", index + 1)
+            kept = self.kept.get((commit, key, index))
+            if kept is None:
+                kept = self.worker(commit).measure(key, self.journal(commit, key, "confirm"),
+                                                   "confirm", index + 1)
+                self.keep(commit, key, index, kept)
+                out[key] = kept
+            else:
+                out[key] = kept
         return out
 
     def close(self) -> None:

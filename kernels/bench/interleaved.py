@@ -240,11 +240,16 @@ def write_results(plan_: Plan, pool: confirm.Pool, machine: str, results_dir: st
     """asv results of both commits from the first pass's journals (kernels.bench.recover),
     machine.json beside them, and the head's benchmark list as asv's benchmarks.json."""
     from asv.benchmarks import Benchmarks
-    from asv.machine import Machine
+    from asv.machine import Machine, MachineCollection
 
     from kernels.bench import dashboard
 
-    Machine.load(machine_name=machine).save(results_dir)
+    entry = Machine()
+    try:  # the entry register_machine wrote, as `asv run` copies it
+        entry.__dict__.update(MachineCollection.load(machine))
+    except Exception:  # no entry (a test, a machine file of another asv): the name alone
+        entry.__dict__.update({"machine": machine})
+    entry.save(results_dir)
     for commit in (plan_.base, plan_.head):
         folder = pool.root / commit[:12]
         if not folder.is_dir():
