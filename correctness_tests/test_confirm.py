@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import pathlib
 import shutil
 import subprocess
-import sys
-import time
 
 import pytest
 
