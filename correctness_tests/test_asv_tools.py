@@ -267,6 +267,73 @@ def test_a_benchmark_replays_the_samples_its_operation_was_measured_with(monkeyp
     benchmarks._REPLAY.clear()
 
 
+def test_a_later_asv_round_in_one_process_tree_measures_afresh_never_replays_again(
+        monkeypatch, tmp_path):
+    """`asv run -a rounds=2` (no --interleave-rounds) runs both rounds from one forkserver:
+    the second round's time_ process must get samples of its own (a fresh worker's, its own
+    journal), not round 1's again, which would double the samples asv's statistics see.
+    planted: every time_ process taking round 1 -> fails this."""
+    import perf_tests.benchmarks as benchmarks
+    from perf_tests import measuring
+
+    monkeypatch.setenv("ASV_ENV_DIR", str(tmp_path))
+    benchmarks._records.cache_clear()
+    journal = benchmarks._cache_dir() / "softmax.jsonl"
+    keys = benchmarks._keys(benchmarks.Softmax)
+    first, second = [1e-3] * 12, [2e-3] * 10
+    for key in keys:
+        measuring.append(journal, {"event": "done", "key": measuring.key_id(key),
+                                   "samples": first, "peak_bytes": 1.0, "method": "cupti"})
+    measured = []
+    journalled = measuring.ensure_measured
+
+    def ensure_measured(asked, path, dashboard=False):
+        if path == journal:  # round 1: the journal holds it, no worker starts
+            return journalled(asked, path, dashboard=dashboard)
+        measured.append(path.name)
+        return {k: {"event": "done", "key": measuring.key_id(k), "samples": second}
+                for k in asked}
+    monkeypatch.setattr(measuring, "ensure_measured", ensure_measured)
+    monkeypatch.setattr(benchmarks, "_timing_process", lambda: True)
+    key = next(k for k in keys if k[1] == "xla")
+    counts = []
+    for _ in range(3):  # three benchmark processes of the time_ method: rounds 1, 2, 3
+        benchmarks._REPLAY.clear()
+        benchmarks._ROUNDS.clear()
+        bench = benchmarks.Softmax()
+        bench.setup(*key[1:])
+        bench.setup(*key[1:])  # asv's setup before the next sample: the same round
+        counts.append((bench.repeat[0], bench._replay[-1]))
+    assert counts == [(12, 1e-3), (10, 2e-3), (10, 2e-3)]
+    assert measured == ["softmax.round2.jsonl", "softmax.round3.jsonl"]
+    # a memory (track_) process takes no round of its own: round 1's record
+    monkeypatch.setattr(benchmarks, "_timing_process", lambda: False)
+    benchmarks._REPLAY.clear()
+    benchmarks._ROUNDS.clear()
+    bench = benchmarks.Softmax()
+    bench.setup(*key[1:])
+    assert bench.repeat[0] == 12 and len(measured) == 2
+    benchmarks._records.cache_clear()
+    benchmarks._REPLAY.clear()
+    benchmarks._ROUNDS.clear()
+
+
+def test_only_asvs_timing_benchmark_counts_as_a_time_process():
+    from asv_runner.benchmarks.time import TimeBenchmark
+
+    import perf_tests.benchmarks as benchmarks
+
+    assert not benchmarks._timing_process()
+
+    class Runner(TimeBenchmark):
+        def __init__(self):  # no asv discovery: only the type matters
+            pass
+
+        def call(self):
+            return benchmarks._timing_process()
+    assert Runner().call()
+
+
 def test_a_skipped_parameter_set_skips_and_a_failed_one_fails(monkeypatch, tmp_path):
     import perf_tests.benchmarks as benchmarks
     from perf_tests import measuring
