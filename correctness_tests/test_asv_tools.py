@@ -467,21 +467,28 @@ def test_dashboard_metrics_the_heads_run_did_not_record_are_left_out_not_failed(
 
 
 def test_the_gate_records_time_and_memory_and_a_dashboard_run_everything(monkeypatch, capsys):
-    """`kernels bench --base` (the gate) runs asv without the dashboard metrics unless
-    --dashboard; `kernels bench` alone (for the dashboard) always records them."""
+    """`kernels bench --base` (the gate) measures without the dashboard metrics unless
+    --dashboard, interleaved or (--sequential) through asv; `kernels bench` alone (for the
+    dashboard) always records them."""
     from kernels import cli
-    from kernels.bench import breakdown
+    from kernels.bench import breakdown, interleaved
 
-    asked = []
+    asked, gated = [], []
     monkeypatch.setattr(asv_tools, "bench",
                         lambda revisions, bench_regex=None, dashboard=True:
                         asked.append(dashboard) or "m")
     monkeypatch.setattr(asv_tools, "run", lambda *args, **kwargs: 0)
     monkeypatch.setattr(asv_tools, "full_hash", lambda rev: rev * 40)
-    monkeypatch.setattr(breakdown, "report", lambda *args: "")
-    for argv in (["bench"], ["bench", "--base", "a"], ["bench", "--base", "a", "--dashboard"]):
+    monkeypatch.setattr(asv_tools, "register_machine", lambda: "m")
+    monkeypatch.setattr(breakdown, "report", lambda *args, **kwargs: "")
+    monkeypatch.setattr(interleaved, "gate", lambda base, head, **kwargs:
+                        gated.append((base, head, kwargs["dashboard"])) or 0)
+    for argv in (["bench"], ["bench", "--base", "a", "--sequential"],
+                 ["bench", "--base", "a", "--sequential", "--dashboard"],
+                 ["bench", "--base", "a"], ["bench", "--base", "a", "--dashboard"]):
         assert cli.main(argv) == 0
     assert asked == [True, False, True]
+    assert gated == [("a", "HEAD", False), ("a", "HEAD", True)]
     assert capsys.readouterr().out.count("--dashboard also records") == 1
 
 
