@@ -719,3 +719,25 @@ def test_a_trial_whose_bench_broke_raises_with_the_end_of_its_output(monkeypatch
         assert header == f"A/A 1: kernels bench exited {code}:"
         assert tail == "".join(f"{line}\n" for line in output)[-3000:]
         assert "--reuse-base" not in fake.calls[0]["command"]
+
+
+@pytest.mark.parametrize(("sequential", "reuse", "flags"), [
+    (False, True, []), (True, True, ["--sequential", "--reuse-base"]),
+    (True, False, ["--sequential"])])
+def test_a_trial_runs_the_interleaved_gate_unless_told_sequential(monkeypatch, tmp_path,
+                                                                  sequential, reuse, flags):
+    """The interleaved gate measures the base beside the head in every trial: reusing the
+    base's results is for the sequential (asv run) gate only."""
+    from kernels.bench import asv_tools
+
+    (tmp_path / ".asv").mkdir()
+    plants = tuple(p for p in gate.PLANTS if (p.op, p.impl) == XLA)
+    settings = gate.Settings(families=("xla",), ops=("softmax",), sequential=sequential,
+                             reuse_base=reuse)
+    fake = _FakeBench([], [], 0)
+    monkeypatch.setattr(gate.subprocess, "Popen", fake)
+    monkeypatch.setattr(asv_tools, "load", lambda *args: {})
+    gate.run_trial(tmp_path, "A/A 1", "b" * 40, "h" * 40, plants, "cpu", settings, "m",
+                   lambda _: None)
+    command = fake.calls[0]["command"]
+    assert [word for word in command if word in ("--sequential", "--reuse-base")] == flags
