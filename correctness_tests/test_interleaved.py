@@ -656,7 +656,9 @@ def test_a_chance_flag_settles_in_one_round_and_an_unflagged_row_gets_none(tmp_p
                                              {BASE: _listing(), HEAD: _listing()}, slow)
     assert [(c, impl, r) for c, impl, _, r in _measures(spawn, trees, "confirm")] == [
         (BASE, "xla", 1), (HEAD, "xla", 1)]
-    assert logged[-1].endswith("-> same (not confirmed)")
+    (said,) = [line for line in logged if "re-measured" in line]
+    assert said.endswith("-> same (not confirmed)")
+    assert logged[0] == f"  [1/3] softmax/xla/{CASE}/fwd: base 1000.00 us, head 1050.00 us (1.050)"
 
 
 def test_no_rounds_measure_nothing_again(tmp_path, monkeypatch):
@@ -664,7 +666,8 @@ def test_no_rounds_measure_nothing_again(tmp_path, monkeypatch):
     _, _, spawn, trees, logged = _first_pass(tmp_path, monkeypatch,
                                              {BASE: _listing(), HEAD: _listing()}, slow,
                                              rounds=0)
-    assert not _measures(spawn, trees, "confirm") and not logged
+    assert not _measures(spawn, trees, "confirm")
+    assert not any("re-measured" in line for line in logged) and len(logged) == 3
 
 
 def test_a_parameter_set_one_commit_lacks_is_measured_on_the_other_alone(tmp_path, monkeypatch):

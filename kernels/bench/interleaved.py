@@ -34,6 +34,7 @@ import json
 import os
 import pathlib
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -185,6 +186,7 @@ def first_pass(plan_: Plan, pool: confirm.Pool, *, rounds: int, min_gap: float,
     for commit in (base, head):
         pool.worker(commit).start("first")  # both start (imports, backends) at once
     turn = itertools.count()
+    done = itertools.count(1)
     with ThreadPoolExecutor(2) as threads:
         for op, case_id in cases:
             group = [key for key in union if (key[0], key[2]) == (op, case_id)]
@@ -202,11 +204,29 @@ def first_pass(plan_: Plan, pool: confirm.Pool, *, rounds: int, min_gap: float,
                     if key in held[commit] and key not in skipped.get(commit, {}):
                         records[commit] = pool.worker(commit).measure(
                             key, pool.journal(commit, key, "first"), "first", 0)
+                log(f"  [{next(done)}/{len(union)}] {'/'.join(key)}: "
+                    + _said(records.get(base), records.get(head)))
                 _confirm_now(plan_, pool, key, records, rounds=rounds, min_gap=min_gap,
                              floors=floors, ops=ops, log=log)
             for commit in (base, head):
                 if held[commit]:
                     pool.worker(commit).release(held[commit])
+
+
+def _said(base: dict | None, head: dict | None) -> str:
+    """One parameter set's first pass in words: each side's median (or what became of it)
+    and head / base."""
+    def side(record: dict | None) -> str:
+        if record is None:
+            return "-"
+        if record.get("event") != "done":
+            return record.get("event", "?")
+        return f"{statistics.median(record['samples']) * 1e6:.2f} us"
+    text = f"base {side(base)}, head {side(head)}"
+    if all(r is not None and r.get("event") == "done" for r in (base, head)):
+        text += (f" ({statistics.median(head['samples']) / statistics.median(base['samples']):.3f}"
+                 ")")
+    return text
 
 
 def first_row(plan_: Plan, key: Key, records: dict[str, dict], *, min_gap: float,
