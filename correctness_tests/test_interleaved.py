@@ -299,6 +299,29 @@ def test_release_tells_the_worker_and_forgets_the_case(tmp_path, monkeypatch):
     assert [c["do"] for c in spawn.channels[1].sent] == ["measure"]  # no case sent again
 
 
+def test_a_worker_that_recorded_a_device_trace_is_replaced_after_its_case(tmp_path,
+                                                                         monkeypatch):
+    """After a device trace (the device-span clock of a sharded case) a process must not
+    start CUPTI: the next case would be timed another way than in a fresh process, so the
+    worker is told to exit at the case's release and the next case gets a fresh one."""
+    def behave(channel, command):
+        if command["do"] == "measure" and command["key"].split("/")[1] == "sharded":
+            return [{**_done(channel, command)[0], "traced": True}]
+        return faulty(channel, command)
+    worker, spawn, _ = _live(tmp_path, monkeypatch, behave)
+    worker.case([_key("sharded")], tmp_path / "j.jsonl")
+    record = worker.measure(_key("sharded"), tmp_path / "j.jsonl")
+    assert "traced" not in record  # the supervisor's business, not the record's
+    worker.measure(_key("sharded"), tmp_path / "j.jsonl", "confirm", 1)  # same case: same one
+    assert len(spawn.channels) == 1
+    worker.release([_key("sharded")])
+    assert spawn.channels[0].sent[-1] == {"do": "exit"}
+    worker.measure(_key("a", "f32-3x5"), tmp_path / "j.jsonl")
+    assert len(spawn.channels) == 2
+    worker.release([_key("a", "f32-3x5")])  # no trace in this one: released, kept alive
+    assert spawn.channels[1].sent[-1]["do"] == "release"
+
+
 # -- the live worker itself, its measurement faked ---------------------------------------------
 
 class ServeWorld:

@@ -457,6 +457,7 @@ class LiveWorker:
         self.case_command: dict | None = None  # sent again to a replacement
         self._case_sent: object = None  # the channel the case was sent to
         self._skipped: dict[Key, dict] = {}
+        self.traced = False  # the live worker recorded a device trace (see release)
 
     @property
     def workers_journal(self) -> Path:
@@ -597,6 +598,7 @@ class LiveWorker:
         if record.get("event") == "failed":
             self.log(f"kernelperf: {self.name}: {key_id(key)}: {record.get('reason')}")
             self._retire()
+        self.traced = self.traced or bool(record.pop("traced", False))
         return record
 
     def release(self, keys: Sequence[Key]) -> None:
@@ -606,6 +608,11 @@ class LiveWorker:
             self.case_command = None
         if self.channel is None or not self.ready:
             return
+        if self.traced:
+            # Its next case would be timed by the device span where CUPTI times it elsewhere
+            # (a process measures one clock's way after a device trace): a fresh worker.
+            self.close()
+            return
         self.channel.send({"do": "release", "keys": [key_id(key) for key in keys]})
         try:
             self._receive(ITEM_LIMIT_S, "no result")
@@ -614,6 +621,7 @@ class LiveWorker:
 
     def close(self) -> None:
         """Tell the worker to exit, and make sure it has."""
+        self.traced = False
         if self.channel is None:
             return
         self.channel.send({"do": "exit"})
@@ -990,7 +998,7 @@ class _Served:
         entry = {"event": "done", "key": key_id(key), **tags, "t": time.time(), **record,
                  "phases": phases}
         append(journal, entry)
-        return entry
+        return {**entry, "traced": _traced()}
 
     def release(self, keys: Iterable[Key]) -> None:
         """Drop the parameter sets (their executables and device buffers), and the inputs of
@@ -1003,6 +1011,15 @@ class _Served:
             del self.inputs[case]
             self.inputs_s.pop(case, None)
         gc.collect()
+
+
+def _traced() -> bool:
+    """Whether this process has recorded a device trace (the device-span clock): CUPTI must
+    not be started in it after that, so its later JAX work would be timed by the device span
+    (kernels.timing.traced_here; False for an older kernels without it)."""
+    from kernels import timing
+
+    return bool(getattr(timing, "traced_here", lambda: False)())
 
 
 def _start_up(keys: Sequence[Key]) -> tuple[object, dict]:
