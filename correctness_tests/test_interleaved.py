@@ -288,11 +288,11 @@ def test_the_worker_command_names_the_journal_the_keys_the_pass_and_the_flags(tm
     assert channel.sent[-1] == {"do": "exit"} and not channel.killed
 
 
-def test_release_tells_the_worker_and_forgets_the_case(tmp_path, monkeypatch):
+def test_the_end_of_a_case_releases_it_and_forgets_it(tmp_path, monkeypatch):
     worker, spawn, _ = _live(tmp_path, monkeypatch)
     worker.case([_key("a")], tmp_path / "j.jsonl")
     worker.measure(_key("a"), tmp_path / "j.jsonl")
-    worker.release([_key("a")])
+    worker.end_case([_key("a")])
     assert spawn.channels[0].sent[-1] == {"do": "release", "keys": [measuring.key_id(_key("a"))]}
     spawn.channels[0].code = -signal.SIGSEGV
     worker.measure(_key("b"), tmp_path / "j.jsonl")
@@ -313,12 +313,13 @@ def test_a_worker_that_recorded_a_device_trace_is_replaced_after_its_case(tmp_pa
     record = worker.measure(_key("sharded"), tmp_path / "j.jsonl")
     assert "traced" not in record  # the supervisor's business, not the record's
     worker.measure(_key("sharded"), tmp_path / "j.jsonl", "confirm", 1)  # same case: same one
-    assert len(spawn.channels) == 1
-    worker.release([_key("sharded")])
+    worker.release([_key("sharded")])  # one parameter set released: the case goes on
+    assert len(spawn.channels) == 1 and spawn.channels[0].sent[-1]["do"] == "release"
+    worker.end_case([_key("sharded")])
     assert spawn.channels[0].sent[-1] == {"do": "exit"}
     worker.measure(_key("a", "f32-3x5"), tmp_path / "j.jsonl")
     assert len(spawn.channels) == 2
-    worker.release([_key("a", "f32-3x5")])  # no trace in this one: released, kept alive
+    worker.end_case([_key("a", "f32-3x5")])  # no trace in this one: released, kept alive
     assert spawn.channels[1].sent[-1]["do"] == "release"
 
 
@@ -705,10 +706,13 @@ def test_both_workers_are_sent_each_case_before_its_first_measurement_then_relea
     listing = _listing(("xla", "torch"), (CASE, "f32-3x5"))
     _, _, spawn, _, _ = _first_pass(tmp_path, monkeypatch, {BASE: listing, HEAD: listing})
     for channel in spawn.channels:
-        done = [(c["do"], c.get("keys", [c.get("key")])[0].split("/")[2]) for c in channel.sent]
-        assert done == [("case", CASE), ("measure", CASE), ("measure", CASE),
-                        ("release", CASE), ("case", "f32-3x5"), ("measure", "f32-3x5"),
-                        ("measure", "f32-3x5"), ("release", "f32-3x5")]
+        done = [(c["do"], len(c.get("keys", [0])), c.get("keys", [c.get("key")])[0].split("/")[2])
+                for c in channel.sent]
+        assert done == [("case", 2, CASE), ("measure", 1, CASE), ("release", 1, CASE),
+                        ("measure", 1, CASE), ("release", 1, CASE), ("release", 2, CASE),
+                        ("case", 2, "f32-3x5"), ("measure", 1, "f32-3x5"),
+                        ("release", 1, "f32-3x5"), ("measure", 1, "f32-3x5"),
+                        ("release", 1, "f32-3x5"), ("release", 2, "f32-3x5")]
 
 
 def test_the_chosen_benchmarks_select_their_parameter_sets_as_asv_run_bench_does():

@@ -603,21 +603,24 @@ class LiveWorker:
 
     def release(self, keys: Sequence[Key]) -> None:
         """Let the worker drop these parameter sets (their executables and device memory)."""
-        if self.case_command is not None and {key_id(k) for k in keys} >= set(
-                self.case_command["keys"]):
-            self.case_command = None
         if self.channel is None or not self.ready:
-            return
-        if self.traced:
-            # Its next case would be timed by the device span where CUPTI times it elsewhere
-            # (a process measures one clock's way after a device trace): a fresh worker.
-            self.close()
             return
         self.channel.send({"do": "release", "keys": [key_id(key) for key in keys]})
         try:
             self._receive(ITEM_LIMIT_S, "no result")
         except _Lost as lost:
             self.log(f"kernelperf: {self.name}: releasing: {lost.reason}")
+
+    def end_case(self, keys: Sequence[Key]) -> None:
+        """The case in hand is done: its parameter sets released, and it is not sent to a
+        replacement. A worker that recorded a device trace is told to exit instead: CUPTI
+        must not start after a trace, so its next case would be timed another way than in a
+        fresh process (the next command starts a fresh one)."""
+        self.case_command = None
+        if self.traced:
+            self.close()
+        else:
+            self.release(keys)
 
     def close(self) -> None:
         """Tell the worker to exit, and make sure it has."""

@@ -16,7 +16,8 @@
 3. A row that reads "slower" or "faster" (asv_tools.compare on those samples: its per-row
    gap, noise floors, asv's Mann-Whitney) is confirmed at once (kernels.bench.confirm: B H,
    H B, B H rounds, settled early), while both workers still hold its executable and inputs:
-   a round costs a warm-up and the samples. Then the case is released.
+   a round costs a warm-up and the samples. Then the parameter set is released (its device
+   memory freed), and at the case's end the case.
 4. asv results for both commits, written from the journals (kernels.bench.recover, as asv
    would store them: the dashboard and `asv compare` read them), and the compare table as
    kernels.bench.asv_tools.run prints it, its confirmation served from the rounds taken in
@@ -208,9 +209,11 @@ def first_pass(plan_: Plan, pool: confirm.Pool, *, rounds: int, min_gap: float,
                     + _said(records.get(base), records.get(head)))
                 _confirm_now(plan_, pool, key, records, rounds=rounds, min_gap=min_gap,
                              floors=floors, ops=ops, log=log)
+                for commit in records:  # its rounds are kept: its executable is done with
+                    pool.worker(commit).release([key])
             for commit in (base, head):
                 if held[commit]:
-                    pool.worker(commit).release(held[commit])
+                    pool.worker(commit).end_case(held[commit])
 
 
 def _said(base: dict | None, head: dict | None) -> str:
