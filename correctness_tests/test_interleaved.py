@@ -811,3 +811,30 @@ def test_a_parameter_set_that_hangs_on_the_head_fails_alone_and_fails_the_gate(
     assert len(spawn.channels) == 3  # the head's worker replaced once, the base's kept
     assert any("softmax/torch/f32-64x1000/fwd: timed out: no result after 5 s" in line
                for line in lines)
+
+
+@pytest.mark.parametrize("floor", [0.0, 0.05])
+def test_the_first_pass_judges_a_row_exactly_as_the_compare_does_on_the_same_samples(floor):
+    """The verdict that decides whether a row is confirmed at once is the compare's own, from
+    the same samples (asv's statistics over them), the same gap and the same noise floor.
+    planted: the first pass ignoring the learned floors -> fails this."""
+    listing = _listing(("xla",))
+    plan = _plan({BASE: listing, HEAD: listing})
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    base = list(1e-3 * (1 + 0.002 * rng.standard_normal(20)))
+    head = list(1.03e-3 * (1 + 0.002 * rng.standard_normal(20)))
+    name, params = "benchmarks.Softmax.time_device", ("'xla'", f"'{CASE}'", "'fwd'")
+    floors = {asv_tools.floor_key((name, params)): floor} if floor else {}
+    row = interleaved.first_row(plan, _key("xla"), {
+        BASE: {"event": "done", "samples": base}, HEAD: {"event": "done", "samples": head}},
+        min_gap=0.01, floors=floors, ops=confirm.class_names())
+    (expected,) = asv_tools.compare({(name, params): fakes.asv_result(base)},
+                                    {(name, params): fakes.asv_result(head)}, 0.01, floors)
+    assert row == expected
+    assert row.verdict == ("slower" if not floor else "same (within noise floor)")
+    # no time row on both sides, or no result on one: nothing to judge
+    assert interleaved.first_row(plan, _key("xla"), {BASE: {"event": "done", "samples": base},
+                                                     HEAD: {"event": "failed"}},
+                                 min_gap=0.01, floors={}, ops={}) is None
