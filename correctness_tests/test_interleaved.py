@@ -838,3 +838,37 @@ def test_the_first_pass_judges_a_row_exactly_as_the_compare_does_on_the_same_sam
     assert interleaved.first_row(plan, _key("xla"), {BASE: {"event": "done", "samples": base},
                                                      HEAD: {"event": "failed"}},
                                  min_gap=0.01, floors={}, ops={}) is None
+
+
+def test_a_commit_whose_benchmarks_do_not_import_fails_the_gate_in_one_line(tmp_path,
+                                                                           monkeypatch):
+    monkeypatch.chdir(ROOT)
+    _trees(monkeypatch, tmp_path)
+
+    def discover_with(tree, *, dashboard, benchmark_dir):
+        raise RuntimeError(f"discovering the benchmarks of {tree.name} failed (exit 1): "
+                           "ImportError: no kernels")
+    with pytest.raises(SystemExit) as failed:
+        interleaved.plan(BASE, HEAD, bench_regex=None, dashboard=False, log=lambda _: None,
+                         discover_with=discover_with)
+    assert str(failed.value).startswith("kernels bench: discovering the benchmarks of ")
+    assert str(failed.value).endswith("ImportError: no kernels")
+
+
+@pytest.mark.slow
+def test_asvs_own_discovery_lists_a_commits_benchmarks_with_its_kernels(tmp_path):
+    """asv's benchmark.py over this checkout's perf_tests, this checkout as the commit's tree:
+    the classes and parameters asv would run (the CPU's quick set)."""
+    listing = interleaved.discover(ROOT, dashboard=False, benchmark_dir=ROOT / "perf_tests")
+    names = {benchmark["name"] for benchmark in listing}
+    assert "benchmarks.Softmax.time_device" in names
+    assert "benchmarks.Softmax.track_gbps" not in names  # the dashboard's, not asked for
+    with_dashboard = interleaved.discover(ROOT, dashboard=True,
+                                          benchmark_dir=ROOT / "perf_tests")
+    assert "benchmarks.Softmax.track_gbps" in {b["name"] for b in with_dashboard}
+    broken = tmp_path / "tree" / "kernels"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('a broken commit')\n")
+    with pytest.raises(RuntimeError, match="discovering the benchmarks of tree failed"):
+        interleaved.discover(tmp_path / "tree", dashboard=False,
+                             benchmark_dir=ROOT / "perf_tests")

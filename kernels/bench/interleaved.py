@@ -66,8 +66,10 @@ def discover(tree: pathlib.Path, *, dashboard: bool, benchmark_dir: pathlib.Path
     defined if `dashboard`)."""
     from asv import runner
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(tree.resolve()), os.environ.get("PYTHONPATH")]))}
+    path = os.pathsep.join(filter(None, [str(tree.resolve()), os.environ.get("PYTHONPATH")]))
+    # asv's script takes PYTHONPATH's folders off sys.path unless ASV_PYTHONPATH names them
+    # (it put them first): without it the commit's files would be passed over.
+    env = {**os.environ, "PYTHONPATH": path, "ASV_PYTHONPATH": path}
     if dashboard:
         env[asv_tools.DASHBOARD_VARIABLE] = "1"
     else:
@@ -77,11 +79,15 @@ def discover(tree: pathlib.Path, *, dashboard: bool, benchmark_dir: pathlib.Path
         done = subprocess.run([sys.executable, runner.BENCHMARK_RUN_SCRIPT, "discover",
                                str(benchmark_dir.resolve()), str(out)], cwd=folder, env=env,
                               capture_output=True, text=True)
-        if done.returncode != 0 or not out.exists():
-            tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        try:  # a failed import leaves the list cut short ("[")
+            listing = json.loads(out.read_text()) if out.exists() else []
+        except json.JSONDecodeError:
+            listing = []
+        if done.returncode != 0 or not listing:  # asv's discovery passes over a failed import
+            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
             raise RuntimeError(f"discovering the benchmarks of {tree.name} failed (exit "
-                               f"{done.returncode}): " + " | ".join(tail))
-        return json.loads(out.read_text())
+                               f"{done.returncode}, {len(listing)} found): " + " | ".join(tail))
+        return listing
 
 
 def selection(listing: list[dict], regex: str | None) -> dict[str, list[int] | None]:
@@ -160,7 +166,10 @@ def plan(base: str, head: str, *, bench_regex: str | None, dashboard: bool,
     with ThreadPoolExecutor(2) as pool:
         found = {commit: pool.submit(discover_with, trees[commit], dashboard=dashboard,
                                      benchmark_dir=benchmark_dir) for commit in (base, head)}
-        listings = {commit: future.result() for commit, future in found.items()}
+        try:
+            listings = {commit: future.result() for commit, future in found.items()}
+        except RuntimeError as error:  # a commit whose benchmarks do not import: the gate fails
+            raise SystemExit(f"kernels bench: {error}") from None
     ops = confirm.class_names()
     chosen = {commit: selection(listing, bench_regex) for commit, listing in listings.items()}
     keys = {commit: keys_of(listings[commit], chosen[commit], ops) for commit in listings}
