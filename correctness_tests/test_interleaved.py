@@ -293,7 +293,8 @@ def test_the_end_of_a_case_releases_it_and_forgets_it(tmp_path, monkeypatch):
     worker.case([_key("a")], tmp_path / "j.jsonl")
     worker.measure(_key("a"), tmp_path / "j.jsonl")
     worker.end_case([_key("a")])
-    assert spawn.channels[0].sent[-1] == {"do": "release", "keys": [measuring.key_id(_key("a"))]}
+    assert spawn.channels[0].sent[-1] == {"do": "release", "keys": [measuring.key_id(_key("a"))],
+                                          "case_done": True}
     spawn.channels[0].code = -signal.SIGSEGV
     worker.measure(_key("b"), tmp_path / "j.jsonl")
     assert [c["do"] for c in spawn.channels[1].sent] == ["measure"]  # no case sent again
@@ -411,6 +412,20 @@ def test_a_released_parameter_set_is_opened_again_and_its_cases_inputs_made_agai
                                       _measure(a, 1)])
     assert [r["event"] for r in replies] == ["worker", "done", "released", "done"]
     assert world.opened == [a, a] and len(world.inputs) == 2 and world.released == 1
+
+
+def test_the_case_in_hands_inputs_outlive_its_parameter_sets_until_the_case_is_done(
+        tmp_path, monkeypatch):
+    """Each parameter set is released once measured; the case's inputs are made once all the
+    same, and dropped with the case. planted: dropping them with the last parameter set
+    held -> fails this."""
+    world = ServeWorld(monkeypatch)
+    a, b = _key("a"), _key("b")
+    ids = [measuring.key_id(a), measuring.key_id(b)]
+    _serve(tmp_path, [{"do": "case", "keys": ids}, _measure(a), {"do": "release", "keys": ids[:1]},
+                      _measure(b), {"do": "release", "keys": ids[1:]},
+                      {"do": "release", "keys": ids, "case_done": True}, _measure(a, 1)])
+    assert world.inputs == [("softmax", CASE), ("softmax", CASE)]  # once, then after the case
 
 
 def test_a_live_worker_exits_after_a_failure_and_skips_what_launches_no_kernel(

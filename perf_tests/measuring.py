@@ -601,11 +601,13 @@ class LiveWorker:
         self.traced = self.traced or bool(record.pop("traced", False))
         return record
 
-    def release(self, keys: Sequence[Key]) -> None:
-        """Let the worker drop these parameter sets (their executables and device memory)."""
+    def release(self, keys: Sequence[Key], case_done: bool = False) -> None:
+        """Let the worker drop these parameter sets (their executables and device memory;
+        with `case_done`, the case's inputs too)."""
         if self.channel is None or not self.ready:
             return
-        self.channel.send({"do": "release", "keys": [key_id(key) for key in keys]})
+        self.channel.send({"do": "release", "keys": [key_id(key) for key in keys],
+                           **({"case_done": True} if case_done else {})})
         try:
             self._receive(ITEM_LIMIT_S, "no result")
         except _Lost as lost:
@@ -620,7 +622,7 @@ class LiveWorker:
         if self.traced:
             self.close()
         else:
-            self.release(keys)
+            self.release(keys, case_done=True)
 
     def close(self) -> None:
         """Tell the worker to exit, and make sure it has."""
@@ -929,6 +931,7 @@ class _Served:
         self.inputs: dict[tuple[str, str], tuple] = {}
         self.inputs_s: dict[tuple[str, str], float] = {}  # not yet charged to a record
         self.ready: dict[Key, tuple] = {}  # compiled ahead, not yet opened
+        self.current: tuple[str, str] | None = None  # the case in hand: its inputs are kept
 
     def _inputs(self, op: str, case_id: str) -> tuple:
         if (op, case_id) not in self.inputs:
@@ -940,6 +943,7 @@ class _Served:
         its JAX parameter sets together. EXIT_AHEAD_FAILED if that raised, else None."""
         journal, pass_name = Path(command["journal"]), command.get("pass", "first")
         keys = [parse_key(text) for text in command["keys"]]
+        self.current = (keys[0][0], keys[0][2]) if keys else None
         skipped, runnable = {}, []
         for key in keys:
             reason = _unrunnable(key)
@@ -1003,13 +1007,15 @@ class _Served:
         append(journal, entry)
         return {**entry, "traced": _traced()}
 
-    def release(self, keys: Iterable[Key]) -> None:
+    def release(self, keys: Iterable[Key], case_done: bool = False) -> None:
         """Drop the parameter sets (their executables and device buffers), and the inputs of
-        cases no longer held."""
+        cases no longer held (the case in hand's are kept until `case_done`)."""
         for key in keys:
             self.held.pop(key, None)
             self.ready.pop(key, None)
-        cases = {(key[0], key[2]) for key in (*self.held, *self.ready)}
+        if case_done:
+            self.current = None
+        cases = {(key[0], key[2]) for key in (*self.held, *self.ready)} | {self.current}
         for case in [case for case in self.inputs if case not in cases]:
             del self.inputs[case]
             self.inputs_s.pop(case, None)
@@ -1080,7 +1086,8 @@ def serve(workers_journal: Path, keys: Sequence[Key], dashboard: bool, ahead: bo
             if record["event"] == "failed":
                 return EXIT_AFTER_FAILURE
         elif do == "release":
-            state.release(parse_key(text) for text in command.get("keys", ()))
+            state.release((parse_key(text) for text in command.get("keys", ())),
+                          bool(command.get("case_done")))
             reply({"event": "released"})
         else:
             reply({"event": "error", "reason": f"do: expected case, measure, release or exit, "
