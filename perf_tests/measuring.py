@@ -33,15 +33,25 @@ journal is appended and flushed line by line, so what was measured survives an i
 run. Whether a parameter set can run on this machine is decided by the worker too
 (`skipped`), so the benchmark processes never start a JAX backend or a CUDA context.
 
+The live worker (`serve`, supervised by `LiveWorker`): `python -m kernels bench --base`
+starts one per commit for the whole gate (kernels/bench/interleaved.py). It answers commands
+(a case to prepare, a parameter set to measure, parameter sets to release) one JSON line
+each, keeps each parameter set it measured (executable, sampler, inputs on the device) so a
+later round costs its warm-up and samples only, and journals as the worker does, each line
+tagged with its pass ("first", "confirm") and round. Its faults are contained the same way:
+a limit per command, a parameter set that hangs, dies or raises is failed alone, and a fresh
+worker is sent the case again.
+
 Journal lines (JSON, one object each), read by `read_journal` and by `kernels.bench`:
   {"event": "worker", "pid", "process_s", "backend_s"}   a worker started and is ready
   {"event": "ahead", "keys", "threads"}                   a case's JAX keys compile ahead
   {"event": "ahead-done", "seconds"}                      ... and are compiled (wall time)
   {"event": "ahead-failed", "reason"}                     ... or one raised: worker exits
   {"event": "start", "key"}                               a parameter set begins
-  {"event": "done", "key", "samples", "method", "stop", "throttled", "peak_bytes",
-   "launch_us", "roofline", "phases": {"inputs", "compile", "warmup", "sampling", "memory",
-   "launch"}}
+  {"event": "done", "key", "samples", "clocks" (the SM clock, MHz, beside each sample; None
+   where unread), "method", "stop", "throttled", "peak_bytes", "launch_us", "roofline",
+   "phases": {"inputs", "compile", "warmup", "sampling", "memory", "launch"}}
+   (a live worker's later rounds: "warmup" and "sampling" only, no memory or launch cost)
   {"event": "failed", "key", "reason"}
   {"event": "skipped", "key", "reason"}                  it cannot run here (asv: n/a)
 
