@@ -482,7 +482,8 @@ def test_run_measures_changed_rows_again_only_when_asked(tmp_path, hashes, monke
     monkeypatch.setattr(asv_tools, "load", lambda results_dir, machine, commit: {
         key: asv_tools.Result(1e-3 if commit == BASE else head_value, None, None)})
 
-    def fake_confirm(rows, base, head, *, rounds):
+    def fake_confirm(rows, base, head, *, rounds, measure):
+        assert measure is None  # asv_tools.run's default: live workers over the trees
         calls.append((base, head, rounds, [row.verdict for row in rows]))
         return [dataclasses.replace(row, verdict="same (not confirmed)", confirmed="1.00 0.99")
                 for row in rows]

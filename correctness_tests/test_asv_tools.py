@@ -267,6 +267,73 @@ def test_a_benchmark_replays_the_samples_its_operation_was_measured_with(monkeyp
     benchmarks._REPLAY.clear()
 
 
+def test_a_later_asv_round_in_one_process_tree_measures_afresh_never_replays_again(
+        monkeypatch, tmp_path):
+    """`asv run -a rounds=2` (no --interleave-rounds) runs both rounds from one forkserver:
+    the second round's time_ process must get samples of its own (a fresh worker's, its own
+    journal), not round 1's again, which would double the samples asv's statistics see.
+    planted: every time_ process taking round 1 -> fails this."""
+    import perf_tests.benchmarks as benchmarks
+    from perf_tests import measuring
+
+    monkeypatch.setenv("ASV_ENV_DIR", str(tmp_path))
+    benchmarks._records.cache_clear()
+    journal = benchmarks._cache_dir() / "softmax.jsonl"
+    keys = benchmarks._keys(benchmarks.Softmax)
+    first, second = [1e-3] * 12, [2e-3] * 10
+    for key in keys:
+        measuring.append(journal, {"event": "done", "key": measuring.key_id(key),
+                                   "samples": first, "peak_bytes": 1.0, "method": "cupti"})
+    measured = []
+    journalled = measuring.ensure_measured
+
+    def ensure_measured(asked, path, dashboard=False):
+        if path == journal:  # round 1: the journal holds it, no worker starts
+            return journalled(asked, path, dashboard=dashboard)
+        measured.append(path.name)
+        return {k: {"event": "done", "key": measuring.key_id(k), "samples": second}
+                for k in asked}
+    monkeypatch.setattr(measuring, "ensure_measured", ensure_measured)
+    monkeypatch.setattr(benchmarks, "_timing_process", lambda: True)
+    key = next(k for k in keys if k[1] == "xla")
+    counts = []
+    for _ in range(3):  # three benchmark processes of the time_ method: rounds 1, 2, 3
+        benchmarks._REPLAY.clear()
+        benchmarks._ROUNDS.clear()
+        bench = benchmarks.Softmax()
+        bench.setup(*key[1:])
+        bench.setup(*key[1:])  # asv's setup before the next sample: the same round
+        counts.append((bench.repeat[0], bench._replay[-1]))
+    assert counts == [(12, 1e-3), (10, 2e-3), (10, 2e-3)]
+    assert measured == ["softmax.round2.jsonl", "softmax.round3.jsonl"]
+    # a memory (track_) process takes no round of its own: round 1's record
+    monkeypatch.setattr(benchmarks, "_timing_process", lambda: False)
+    benchmarks._REPLAY.clear()
+    benchmarks._ROUNDS.clear()
+    bench = benchmarks.Softmax()
+    bench.setup(*key[1:])
+    assert bench.repeat[0] == 12 and len(measured) == 2
+    benchmarks._records.cache_clear()
+    benchmarks._REPLAY.clear()
+    benchmarks._ROUNDS.clear()
+
+
+def test_only_asvs_timing_benchmark_counts_as_a_time_process():
+    from asv_runner.benchmarks.time import TimeBenchmark
+
+    import perf_tests.benchmarks as benchmarks
+
+    assert not benchmarks._timing_process()
+
+    class Runner(TimeBenchmark):
+        def __init__(self):  # no asv discovery: only the type matters
+            pass
+
+        def call(self):
+            return benchmarks._timing_process()
+    assert Runner().call()
+
+
 def test_a_skipped_parameter_set_skips_and_a_failed_one_fails(monkeypatch, tmp_path):
     import perf_tests.benchmarks as benchmarks
     from perf_tests import measuring
@@ -400,21 +467,28 @@ def test_dashboard_metrics_the_heads_run_did_not_record_are_left_out_not_failed(
 
 
 def test_the_gate_records_time_and_memory_and_a_dashboard_run_everything(monkeypatch, capsys):
-    """`kernels bench --base` (the gate) runs asv without the dashboard metrics unless
-    --dashboard; `kernels bench` alone (for the dashboard) always records them."""
+    """`kernels bench --base` (the gate) measures without the dashboard metrics unless
+    --dashboard, interleaved or (--sequential) through asv; `kernels bench` alone (for the
+    dashboard) always records them."""
     from kernels import cli
-    from kernels.bench import breakdown
+    from kernels.bench import breakdown, interleaved
 
-    asked = []
+    asked, gated = [], []
     monkeypatch.setattr(asv_tools, "bench",
                         lambda revisions, bench_regex=None, dashboard=True:
                         asked.append(dashboard) or "m")
     monkeypatch.setattr(asv_tools, "run", lambda *args, **kwargs: 0)
     monkeypatch.setattr(asv_tools, "full_hash", lambda rev: rev * 40)
-    monkeypatch.setattr(breakdown, "report", lambda *args: "")
-    for argv in (["bench"], ["bench", "--base", "a"], ["bench", "--base", "a", "--dashboard"]):
+    monkeypatch.setattr(asv_tools, "register_machine", lambda: "m")
+    monkeypatch.setattr(breakdown, "report", lambda *args, **kwargs: "")
+    monkeypatch.setattr(interleaved, "gate", lambda base, head, **kwargs:
+                        gated.append((base, head, kwargs["dashboard"])) or 0)
+    for argv in (["bench"], ["bench", "--base", "a", "--sequential"],
+                 ["bench", "--base", "a", "--sequential", "--dashboard"],
+                 ["bench", "--base", "a"], ["bench", "--base", "a", "--dashboard"]):
         assert cli.main(argv) == 0
     assert asked == [True, False, True]
+    assert gated == [("a", "HEAD", False), ("a", "HEAD", True)]
     assert capsys.readouterr().out.count("--dashboard also records") == 1
 
 

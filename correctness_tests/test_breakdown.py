@@ -197,3 +197,49 @@ def test_the_report_reads_the_journals_of_the_current_folders_asv(tmp_path, monk
     assert text.splitlines()[0].startswith("where the time went: 1 parameter sets measured")
     assert text.splitlines()[-1].split()[-3:] == ["(wall)", "30.0", "100%"]
     assert breakdown.report(since=time.time() + 60, wall_s=30.0) is None
+
+
+def _table(text: str) -> dict[str, list[str]]:
+    """The breakdown's rows by label: label -> its cells after the label."""
+    rows = {}
+    for line in text.splitlines()[3:]:
+        label, _, cells = line.partition("  ")
+        rows[label.strip()] = cells.split()
+    return rows
+
+
+def test_a_confirmations_rounds_are_a_column_of_their_own_and_its_share_is_said():
+    """planted: counting every line as the first pass's -> fails this."""
+    found = breakdown.Breakdown()
+    found.add([WORKER, _done("a", 10, compile=3.0, sampling=0.5),
+               {**WORKER, "pass": "confirm"},
+               {**_done("a", 20, warmup=0.25, sampling=0.75), "pass": "confirm"},
+               {**_done("a", 20, warmup=0.25, sampling=0.75), "pass": "confirm"}])
+    assert (found.measured, found.rounds, found.samples) == (1, 2, [10])
+    text = found.render(wall_s=20.0)
+    head, columns = text.splitlines()[:2]
+    assert columns.split() == ["phase", "first", "pass", "confirmation", "seconds", "share"]
+    assert head.endswith("; confirmation: 2 round(s) of one parameter set on one commit, "
+                         "6.0 s (30%)")
+    rows = _table(text)
+    assert rows[breakdown.LABELS["sampling"]] == ["0.5", "1.5", "2.0", "10%"]
+    assert rows[breakdown.LABELS["process"]] == ["1.5", "1.5", "3.0", "15%"]
+    assert rows["total (wall)"] == ["7.5", "6.0", "20.0", "100%"]
+    # without any round: the table as it always was
+    alone = breakdown.Breakdown()
+    alone.add([WORKER, _done("a", 10, compile=3.0)])
+    assert alone.render(wall_s=20.0).splitlines()[1].split() == ["phase", "seconds", "share"]
+
+
+def test_a_measured_outside_share_and_the_workers_overlap_keep_the_sum_at_the_wall_time():
+    found = breakdown.Breakdown()
+    found.add([WORKER, WORKER, _done("a", 10, compile=3.0)])  # 1.5 + 2.5 twice, 3.0
+    found.add_phase("discovery", "commits' files", 2.0)
+    rows = _table(found.render(20.0, "the gate's own work", outside_s=1.0))
+    assert rows["the gate's own work"] == ["1.0", "5%"]
+    assert rows["commits' files"] == ["2.0", "10%"]
+    # 20 = 1 + (8 + 3 + 2) + 6 more between the workers' phases
+    assert rows[breakdown.BETWEEN] == ["6.0", "30%"]
+    rows = _table(found.render(10.0, "the gate's own work", outside_s=1.0))
+    assert rows[breakdown.OVERLAP] == ["-4.0", "-40%"]  # the two workers started at once
+    assert breakdown.OVERLAP not in _table(found.render(14.0, "x", outside_s=1.0))

@@ -55,10 +55,11 @@ def test_every_command_has_its_handler_and_well_formed_documented_options():
 
 # Options whose value is free text: names looked up where they are used (an operation, an
 # implementation, a case, tags, an asv machine, a benchmark regex, families and operations of
-# gate-power, faults of the drill) and files a command writes. Every other option that takes
-# a value checks it as it is parsed (a type or choices), so a typo fails there, in one line.
+# gate-power, faults of the drill, what `time --versus` divides by) and files a command writes.
+# Every other option that takes a value checks it as it is parsed (a type or choices), so a
+# typo fails there, in one line.
 FREE_TEXT = {"op", "impl", "case", "tags", "machine", "bench", "families", "ops", "faults",
-             "json", "summary_md"}
+             "json", "summary_md", "versus"}
 
 
 def test_every_option_that_takes_a_value_checks_it_unless_it_is_a_name_or_a_file():

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import pathlib
 import shutil
 import subprocess
-import sys
-import time
 
 import pytest
 
@@ -45,7 +42,7 @@ def _fake(medians: dict[str, list[float]]):
     """measure(commit, keys, journal): the next of each commit's medians per round."""
     order = []
 
-    def measure(commit, keys, journal):
+    def measure(commit, keys, index):
         order.append(commit)
         value = medians[commit][sum(c == commit for c in order) - 1]
         return {key: {"event": "done", "samples": [value] * 10} for key in keys}
@@ -86,8 +83,8 @@ def _recording(medians: dict[str, list[float]], fail: set[tuple[str, int]] = fro
     has its key's measurement fail."""
     calls = []
 
-    def measure(commit, keys, journal):
-        calls.append((commit, journal))
+    def measure(commit, keys, index):
+        calls.append((commit, index))
         index = sum(c == commit for c, _ in calls) - 1
         if (commit, index) in fail:
             return {key: {"event": "failed", "reason": "worker killed by SIGSEGV"}
@@ -175,7 +172,7 @@ def test_only_the_rows_still_open_are_measured_in_later_rounds():
     slow, chance = _row("slower"), _row("slower", ("'torch'", "'f32-64x1000'", "'fwd'"))
     asked = []
 
-    def measure(commit, keys, journal):
+    def measure(commit, keys, index):
         asked.append((commit, sorted(key[1] for key in keys)))
         head = commit == HEAD
         return {key: {"event": "done", "samples": [1.02 if head and key[1] == "xla" else 1.0]}
@@ -200,22 +197,10 @@ def test_no_rounds_measure_nothing_and_one_round_measures_each_side_once():
     assert [c for c, _ in calls] == [BASE, HEAD] and out[0].verdict == "slower"
 
 
-def test_each_round_journals_to_its_own_file_under_the_confirm_folder(tmp_path, monkeypatch):
-    monkeypatch.setenv(confirm.ROOT_VARIABLE, str(tmp_path))
+def test_each_round_is_asked_by_its_index_in_the_interleaved_order():
     measure, calls = _recording({BASE: [1.0] * 3, HEAD: [1.02] * 3})
-    before = time.time()
     _confirm([_row("slower")], measure)
-    journals = [journal for _, journal in calls]
-    assert len(set(journals)) == 6
-    # one folder per confirmation, named by when it began (so runs sort and never overwrite)
-    folders = {journal.parent for journal in journals}
-    assert len(folders) == 1 and folders.pop().parent == tmp_path / "journals"
-    began = time.mktime(time.strptime(journals[0].parent.name, "%Y%m%d-%H%M%S"))
-    assert before - 1 <= began <= time.time()
-    # round n's journal of a commit names both (the full 12-character prefix, as its tree)
-    assert [j.name for j in journals] == [
-        f"round{i}-{commit[:12]}.jsonl"
-        for i, commit in [(1, BASE), (1, HEAD), (2, HEAD), (2, BASE), (3, BASE), (3, HEAD)]]
+    assert calls == [(BASE, 0), (HEAD, 0), (HEAD, 1), (BASE, 1), (BASE, 2), (HEAD, 2)]
 
 
 def test_the_log_names_each_round_and_commit_and_the_time_taken():
@@ -308,27 +293,3 @@ def test_a_commits_tree_is_its_files_made_once(tmp_path, monkeypatch):
     with pytest.raises(subprocess.CalledProcessError):
         confirm.source_tree(first, root=other)  # no repository here: git's error, not a tree
     assert not (other / "trees" / first[:12]).exists()
-
-
-def test_a_round_measures_with_the_commits_kernels_first(tmp_path, monkeypatch):
-    from perf_tests import measuring
-
-    tree = tmp_path / "trees" / "abc"
-    seen = {}
-    trees_of = []
-    monkeypatch.setattr(confirm, "source_tree", lambda commit: trees_of.append(commit) or tree)
-    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
-
-    def ensure_measured(keys, journal, *, python, env):
-        seen.update(keys=keys, journal=journal, python=python, env=env)
-        return {"k": {"event": "done"}}
-    monkeypatch.setattr(measuring, "ensure_measured", ensure_measured)
-    out = confirm._measure_in_tree("abc", [KEY], tmp_path / "j.jsonl")
-    assert out == {"k": {"event": "done"}} and trees_of == ["abc"]  # that commit's files
-    assert seen["keys"] == [KEY] and seen["journal"] == tmp_path / "j.jsonl"
-    assert seen["python"] == sys.executable
-    assert seen["env"]["PYTHONPATH"].split(os.pathsep) == [str(tree.resolve()), "/elsewhere"]
-    assert seen["env"]["PATH"] == os.environ["PATH"]  # the rest of the environment is kept
-    monkeypatch.delenv("PYTHONPATH")
-    confirm._measure_in_tree("abc", [KEY], tmp_path / "j.jsonl")
-    assert seen["env"]["PYTHONPATH"] == str(tree.resolve())

@@ -681,7 +681,8 @@ def test_a_trial_runs_the_ci_path_narrowed_to_its_plants_and_reads_every_verdict
     assert command[command.index("--head") + 1] == "h" * 40
     assert command[command.index("--bench") + 1] == r"(Matmul|Softmax)\.time_device"
     assert command[command.index("--confirm-rounds") + 1] == "2"
-    assert "--reuse-base" in command
+    # the interleaved gate: the base is measured beside the head, never reused
+    assert "--reuse-base" not in command and "--sequential" not in command
     env = call["env"]
     cases = sorted(p.case[platform] for p in plants)
     assert env["KERNELPERF_BENCH_CASES"] == ",".join(cases)
@@ -718,3 +719,25 @@ def test_a_trial_whose_bench_broke_raises_with_the_end_of_its_output(monkeypatch
         assert header == f"A/A 1: kernels bench exited {code}:"
         assert tail == "".join(f"{line}\n" for line in output)[-3000:]
         assert "--reuse-base" not in fake.calls[0]["command"]
+
+
+@pytest.mark.parametrize(("sequential", "reuse", "flags"), [
+    (False, True, []), (True, True, ["--sequential", "--reuse-base"]),
+    (True, False, ["--sequential"])])
+def test_a_trial_runs_the_interleaved_gate_unless_told_sequential(monkeypatch, tmp_path,
+                                                                  sequential, reuse, flags):
+    """The interleaved gate measures the base beside the head in every trial: reusing the
+    base's results is for the sequential (asv run) gate only."""
+    from kernels.bench import asv_tools
+
+    (tmp_path / ".asv").mkdir()
+    plants = tuple(p for p in gate.PLANTS if (p.op, p.impl) == XLA)
+    settings = gate.Settings(families=("xla",), ops=("softmax",), sequential=sequential,
+                             reuse_base=reuse)
+    fake = _FakeBench([], [], 0)
+    monkeypatch.setattr(gate.subprocess, "Popen", fake)
+    monkeypatch.setattr(asv_tools, "load", lambda *args: {})
+    gate.run_trial(tmp_path, "A/A 1", "b" * 40, "h" * 40, plants, "cpu", settings, "m",
+                   lambda _: None)
+    command = fake.calls[0]["command"]
+    assert [word for word in command if word in ("--sequential", "--reuse-base")] == flags

@@ -461,6 +461,58 @@ def test_time_table_speedups_per_case_and_direction_by_one_clock():
     assert measure_cli._speedups(rows, mixed=True)[6] == "0.50x (mixed clocks)"
 
 
+def test_versus_tables_divide_one_runs_times_per_case_and_direction():
+    """`kernels time --versus NAME`: per (case, direction), NAME's time over each row's, by
+    one clock and one precision; "copy" is the case's bytes at the measured copy ceiling."""
+    import types
+
+    from kernels.cli import measure as measure_cli
+    from kernels.roofline import ceilings
+
+    def impl(name):
+        return registry.Implementation(op="softmax", name=name, fn=lambda x: x,
+                                       framework="jax")
+
+    op = registry.operation("softmax")
+    case = op.case("f32-256x1024")
+    cudnn, ours, other = impl("xla"), impl("pallas"), impl("torch")
+    Row = measure_cli.Row
+    rows = [Row(cudnn, case, "fwd", _timed(2e-3)), Row(ours, case, "fwd", _timed(4e-3)),
+            Row(other, case, "fwd", _timed(1e-3, "cuda-events")),
+            Row(cudnn, case, "bwd", None, "no backward"), Row(ours, case, "bwd", _timed(1e-3)),
+            Row(other, case, "bwd", None, "skipped")]
+    lines = measure_cli.versus_table(op, rows, "xla").splitlines()
+    assert lines[0].startswith("vs xla: xla's time over each's (> 1: faster than xla)")
+    assert lines[1].split() == ["case", "dir", "xla", "xla", "pallas", "torch"]
+    assert lines[3].split() == ["f32-256x1024", "fwd", "2.000", "ms", "1.000", "0.500",
+                                "other", "clock", "(cuda-events)"]
+    assert lines[4].split()[:5] == ["f32-256x1024", "bwd", "-", "(no", "backward)"]
+
+    fastest = measure_cli.versus_table(op, rows, "fastest").splitlines()
+    # The fastest by the clock most rows share: torch's 1 ms by CUDA events is no rival.
+    assert fastest[3].split()[2:7] == ["2.000", "ms", "(xla)", "1.000", "0.500"]
+    assert fastest[4].split()[2:7] == ["1.000", "ms", "(pallas)", "-", "1.000"]
+
+    bandwidth = 1e9  # bytes per second: the case's 2 MiB forward take 2.097 ms at copy speed
+    measured = ceilings.Ceiling(device="gpu", kind="measured", bandwidth=bandwidth, flops={},
+                                method="cupti")
+    copy = measure_cli.versus_table(op, rows, "copy", measured).splitlines()
+    assert "(1 GB/s)" in copy[0]
+    forward_s = op.work(case, "fwd").bytes / bandwidth
+    assert copy[3].split()[2:6] == ["2.097", "ms", f"{forward_s / 2e-3:.3f}",
+                                    f"{forward_s / 4e-3:.3f}"]
+    backward_s = op.work(case, "bwd").bytes / bandwidth  # y and dy read, dx written
+    assert copy[4].split()[-3:] == ["-", f"{backward_s / 1e-3:.3f}", "-"]
+    assert "no measured copy ceiling" in measure_cli.versus_table(op, rows, "copy", None)
+
+    # A precision the reference does not share is named, never divided by.
+    tf32 = types.SimpleNamespace(median_s=1e-3, method="cupti", precision="TF32")
+    fp32 = types.SimpleNamespace(median_s=2e-3, method="cupti", precision="FP32")
+    mixed = measure_cli.versus_table(op, [Row(cudnn, case, "fwd", tf32),
+                                          Row(ours, case, "fwd", fp32)], "xla")
+    assert mixed.splitlines()[3].split()[-3:] == ["other", "precision", "(FP32)"]
+
+
 def test_launch_overhead_is_host_time_per_issued_call():
     calls = []
 

@@ -5,6 +5,7 @@ exception to the one parameter set in flight."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import textwrap
 import time
@@ -268,3 +269,83 @@ def test_a_call_that_launches_no_kernel_is_skipped_and_the_worker_goes_on(tmp_pa
     records = measuring.final_records(measuring.read_journal(journal))
     assert records[keys[0]]["event"] == "skipped" and "launches none" in records[keys[0]]["reason"]
     assert records[keys[1]]["event"] == "done"
+
+
+# A stand-in live worker: the real `serve` loop and pipes, its backend and measurement faked;
+# by implementation name a parameter set measures, hangs or aborts, and every opening prints
+# to standard output, as libraries do, which must not reach the replies.
+FAKE_LIVE_WORKER = textwrap.dedent("""
+    import os, sys, time
+    sys.path.insert(0, {here!r})
+    import measuring
+    measuring._start_up = lambda keys: (None, {{"event": "worker", "pid": os.getpid(),
+                                                "process_s": 0.0, "backend_s": 0.0}})
+    measuring._unrunnable = lambda key: "no GPU here" if key[1] == "skip" else None
+    measuring._make_inputs = lambda op, case: ((), 0.0)
+    measuring._ahead_keys = lambda keys: []
+
+    def open_(key, inputs, device, ready=None):
+        print("a library's chatter on standard output", flush=True)
+        if key[1] == "hang":
+            time.sleep(3600)
+        if key[1] == "abort":
+            os.abort()
+        return measuring._Held(impl=None, case=None, direction=key[3], timeable=None,
+                               jitted=None, sampler=None, method="fake")
+    measuring._open = open_
+    measuring._sample = lambda held, device, lap: {{
+        "samples": [1e-3] * 10, "method": "fake", "stop": "pinned", "throttled": 0,
+        "clocks": [None] * 10, "pid": os.getpid()}}
+    measuring._extras = lambda held, samples, device, dashboard, lap: {{}}
+    sys.exit(measuring._main(sys.argv[1:]))
+""")
+
+
+@pytest.mark.slow
+def test_a_live_worker_over_real_pipes_contains_each_fault_and_keeps_its_replies_clean(
+        tmp_path: Path):
+    script = tmp_path / "fake_live_worker.py"
+    script.write_text(FAKE_LIVE_WORKER.format(here=str(Path(measuring.__file__).parent)))
+    keys = _keys("a", "hang", "b", "abort", "c", "skip")
+    worker = measuring.LiveWorker("base", tmp_path / "w", keys,
+                                  worker_command=[sys.executable, str(script)],
+                                  limit=lambda key: 2.0, log=lambda _: None)
+    journal = tmp_path / "op.jsonl"
+    started = time.monotonic()
+    skipped = worker.case(keys, journal)
+    records = {key[1]: worker.measure(key, journal) for key in keys[:-1]}
+    again = worker.measure(_keys("c")[0], journal, "confirm", 1)
+    worker.close()
+    assert time.monotonic() - started < 20
+    assert set(skipped) == set(_keys("skip"))
+    assert records["hang"]["reason"] == "timed out: no result after 2 s (limit 2 s)"
+    assert records["abort"]["reason"].startswith("worker killed by SIGABRT")
+    assert all(records[name]["event"] == "done" for name in "abc")
+    assert len({records[name]["pid"] for name in "abc"}) == 3  # a fresh worker after each
+    assert again["event"] == "done" and again["pid"] == records["c"]["pid"]  # the same one
+    assert "chatter" in (tmp_path / "w" / "worker.stderr.log").read_text()
+    assert len(measuring.read_journal(tmp_path / "w" / "workers.jsonl")) == 3
+
+
+@pytest.mark.slow
+def test_the_real_live_worker_keeps_a_cpu_case_open_between_rounds(tmp_path: Path):
+    """The live worker this file runs, on this checkout's `kernels`: a second round of a
+    parameter set costs its warm-up and samples, no compile."""
+    key = ("softmax", "xla", "f32-64x1000", "fwd")
+    cuda = ("softmax", "cuda", "f32-64x1000", "fwd")
+    root = str(Path(__file__).resolve().parents[1])
+    worker = measuring.LiveWorker("head", tmp_path / "w", [key, cuda],
+                                  env={**os.environ, "PYTHONPATH": root}, log=lambda _: None)
+    journal = tmp_path / "softmax.jsonl"
+    try:
+        assert set(worker.case([key, cuda], journal)) == {cuda}
+        first = worker.measure(key, journal)
+        second = worker.measure(key, journal, "confirm", 1)
+    finally:
+        worker.close()
+    assert first["event"] == second["event"] == "done", (first, second)
+    assert set(first["phases"]) == {"inputs", "compile", "warmup", "sampling", "memory",
+                                    "launch"}
+    assert set(second["phases"]) == {"warmup", "sampling"} and second["round"] == 1
+    assert len(first["clocks"]) == len(first["samples"])
+    assert first["peak_bytes"] > 0 and "peak_bytes" not in second

@@ -47,11 +47,18 @@ def _fields(floor) -> tuple:
         "op", "impl", "against", "fraction", "reason", "direction", "case", "baseline"))
 
 
+# Bench cases added after the floors moved to data, whose H100 floors are set by analogy.
+ADDED_SINCE = {"2048x50257"}
+
+
 def test_every_h100_floor_survives_the_move_to_its_data_file():
-    """Each floor of the code that held them, every field, in order, and nothing else."""
+    """Each floor of the code that held them, every field, in order, and nothing else but the
+    floors of cases added since (ADDED_SINCE: no H100 measured them)."""
     old = _old_h100_floors()
     assert len(old) == 40
-    assert [_fields(f) for f in floors.FLOORS[H100]] == [_fields(f) for f in old]
+    moved = [f for f in floors.FLOORS[H100] if f.case not in ADDED_SINCE]
+    assert [_fields(f) for f in moved] == [_fields(f) for f in old]
+    assert {f.case for f in floors.FLOORS[H100]} >= ADDED_SINCE
     assert all(f.note is None for f in floors.FLOORS[H100])  # written by hand: no note
 
 

@@ -12,13 +12,13 @@ import sys
 import pytest
 
 from kernels import cli
-from kernels.bench import asv_plugin, asv_tools, breakdown
+from kernels.bench import asv_plugin, asv_tools, breakdown, interleaved
 
 
 @pytest.fixture
 def measured(monkeypatch, capsys):
-    """asv stood in for: each asv run records what had been printed when it started and the
-    revisions it was given; the compare and the breakdown do nothing."""
+    """asv and the interleaved gate stood in for: each run records what had been printed when
+    it started and the revisions it was given; the compare and the breakdown do nothing."""
     runs = []
 
     def fake_bench(revisions, **_):
@@ -26,9 +26,16 @@ def measured(monkeypatch, capsys):
         print("ASV MEASURING")
         return "test-gpu"
 
+    def fake_gate(base, head, **_):
+        runs.append((capsys.readouterr().out, [base, head]))
+        print("GATE MEASURING")
+        return 0
+
     monkeypatch.setattr(asv_tools, "bench", fake_bench)
+    monkeypatch.setattr(asv_tools, "register_machine", lambda *args: "test-gpu")
+    monkeypatch.setattr(interleaved, "gate", fake_gate)
     monkeypatch.setattr(asv_tools, "run", lambda *args, **kwargs: 0)
-    monkeypatch.setattr(breakdown, "report", lambda *args: "")
+    monkeypatch.setattr(breakdown, "report", lambda *args, **kwargs: "")
     return runs
 
 

@@ -146,3 +146,79 @@ def test_the_tune_command_records_the_fastest_by_what_it_chose(monkeypatch, tmp_
     entry = json.loads((tmp_path / "tuned.json").read_text())["fake"]["nvidia-test-gpu"]
     assert entry["config"] == {"block": 32} and entry["time_ms"] == 1.5
     assert "best FakeConfig(block=32, stages=7)" in capsys.readouterr().out
+
+
+def test_a_variant_is_recorded_and_read_beside_the_plain_entry(tmp_path):
+    """tuned.json keeps its layout: a variant's grid goes under "impl:variant", and neither
+    entry answers for the other (a file from before variants reads as it did)."""
+    path = tmp_path / "tuned.json"
+    base = FakeConfig(block=8)
+    tuning.record("fakeop", "fake", "gpu", FakeConfig(block=32), time_ms=1.0, case_id="c",
+                  timer="t", path=path)
+    assert tuning.tuned_config("fakeop", "fake", base, model="gpu", path=path,
+                               variant="f32") is None
+    tuning.record("fakeop", tuning.slot("fake", "f32"), "gpu", FakeConfig(block=64),
+                  time_ms=2.0, case_id="c", timer="t", path=path)
+    assert sorted(json.loads(path.read_text())) == ["fake", "fake:f32"]
+    assert tuning.tuned_config("fakeop", "fake", base, model="gpu", path=path) == \
+        FakeConfig(block=32)
+    assert tuning.tuned_config("fakeop", "fake", base, model="gpu", path=path,
+                               variant="f32") == FakeConfig(block=64)
+    assert tuning.impl_of("fake:f32") == tuning.impl_of("fake") == "fake"
+    with pytest.raises(ValueError, match="without ':'"):
+        tuning.slot("fake", "f32:wide")
+
+
+def test_tune_impl_names_select_every_grid_of_an_implementation(monkeypatch, tmp_path, capsys):
+    from kernels.core import devices
+
+    gpu = devices.Machine(platform="gpu", device_kind="NVIDIA Test GPU", device_count=1,
+                          compute_capability=(9, 0))
+    monkeypatch.setattr(devices, "this_machine", lambda: gpu)
+    candidates = [FakeConfig(block=b) for b in (16, 32)]
+    made = []
+
+    def factory(variant):
+        made.append(variant)
+        return dataclasses.replace(fake_tunable(candidates), variant=variant)
+
+    monkeypatch.setattr(tuning, "tunables", lambda op: {
+        "fake": functools.partial(factory, ""), "fake:f32": functools.partial(factory, "f32"),
+        "other": functools.partial(factory, "")})
+    monkeypatch.setattr(tuning, "device_timer", fake_timer)
+    monkeypatch.setattr(tuning, "tuned_path", lambda op: tmp_path / "tuned.json")
+    assert cli.main(["tune", "fakeop", "--impl", "fake"]) == 0
+    assert made == ["", "f32"]
+    assert sorted(json.loads((tmp_path / "tuned.json").read_text())) == ["fake", "fake:f32"]
+    made.clear()
+    assert cli.main(["tune", "fakeop", "--impl", "fake:f32"]) == 0
+    assert made == ["f32"]
+    assert "fakeop/fake:f32 on nvidia-test-gpu: 2 configs, case f32-8x8 fwd" in \
+        capsys.readouterr().out
+    assert cli.main(["tune", "fakeop", "--impl", "fake:bf16"]) == 2
+    assert "--impl: expected one of ['fake', 'fake:f32', 'other']" in capsys.readouterr().err
+
+
+def test_a_sweep_runs_each_direction_and_is_timed_in_its_framework(monkeypatch):
+    """A torch kernel's candidates are timed as torch work (torch's flush and wait, not
+    JAX's), the forward and the backward of one config in one run."""
+    from kernels.core import timing
+    from kernels.ops.softmax import triton as softmax_triton
+
+    tunable = tuning.sweep("softmax", "triton", softmax_triton.WIDE_TUNING_CANDIDATES[:1],
+                           "f32-5x4097", variant="f32-wide", directions=("fwd", "bwd"))
+    assert tunable.name == "triton:f32-wide"
+    run = tunable.make_runner(softmax_triton.SoftmaxConfig(block=1024, num_warps=4))
+    assert isinstance(run, tuning.Run) and run.framework == "torch"
+    assert [t.label.split()[-1] for t in run.timeables] == ["fwd", "bwd"]
+    y, (dx,) = run()
+    assert tuple(y.shape) == tuple(dx.shape) == (5, 4097)
+    timed = []
+    monkeypatch.setattr(timing, "time_timeable", lambda timeable: timed.append(timeable) or
+                        timing.Measurement.from_samples(
+                            [2e-3], label="x", method="host-clock", regime="cold",
+                            stop_reason="converged", fingerprint={}))
+    assert tuning.device_timer(run) == pytest.approx(2.0)
+    assert timed[0].framework == "torch" and timed[0].fn is run
+    tuning.device_timer(lambda: None)
+    assert timed[1].framework == "jax"

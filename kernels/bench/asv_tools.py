@@ -510,12 +510,14 @@ def exit_status(rows: list[Row]) -> int:
 def run(base_rev: str, head_rev: str, *, machine: str, results_dir: str = ".asv/results",
         min_gap: float = DEFAULT_MIN_GAP, summary_md: str | None = None,
         confirm_rounds: int = 0, json_path: str | None = None,
-        base_since_ms: float | None = None) -> int:
+        base_since_ms: float | None = None, confirm_measure=None) -> int:
     """Compare two commits' results on `machine` and print the verdict table; its exit status.
     With `confirm_rounds`, every "slower" and "faster" row is measured again in that many
     interleaved rounds of base and head before it counts (kernels.bench.confirm). With
     `summary_md`, the table is also appended to that file as Markdown (render_markdown; the
-    pull-request workflow passes $GITHUB_STEP_SUMMARY)."""
+    pull-request workflow passes $GITHUB_STEP_SUMMARY). `confirm_measure`: how the
+    confirmation measures a round (kernels.bench.confirm.confirm's `measure`; default: live
+    workers over the commits' source trees)."""
     base_hash, head_hash = full_hash(base_rev), full_hash(head_rev)
     if base_hash == head_hash:
         return _same_commit(base_rev, head_rev, head_hash, machine, results_dir)
@@ -534,7 +536,8 @@ def run(base_rev: str, head_rev: str, *, machine: str, results_dir: str = ".asv/
     if confirm_rounds and any(row.verdict in ("slower", "faster") for row in rows):
         from kernels.bench import confirm
 
-        rows = confirm.confirm(rows, base_hash, head_hash, rounds=confirm_rounds)
+        rows = confirm.confirm(rows, base_hash, head_hash, rounds=confirm_rounds,
+                               measure=confirm_measure)
     print(f"machine {machine}: {base_rev} ({base_hash[:8]}) -> {head_rev} ({head_hash[:8]}); "
           f"changes under each row's gap count as same: {min_gap:.0%}, or wider where its "
           f"samples spread or its learned run-to-run shift is" +

@@ -787,6 +787,23 @@ def step_floors(ctx: Context) -> bool:
     return True
 
 
+def _failure_recorder(ctx: Context, record: dict[str, Any], label: str
+                      ) -> Callable[[str, str], None]:
+    """A step's on_failed: the item's failure kept in the step's `record` and said."""
+    def on_failed(item: str, why: str) -> None:
+        record[item] = {"failed": why}
+        ctx.save()
+        ctx.log(f"{label} {item}: FAILED {why}")
+    return on_failed
+
+
+def _pending(record: dict[str, Any]) -> list[str] | None:
+    """The items a step listed (`_items`) that its record has no result for yet; None
+    before the step's worker first listed them (every item)."""
+    return None if not record.get("_items") else \
+        [i for i in record["_items"] if i not in record]
+
+
 def step_tune(ctx: Context) -> bool:
     tune = ctx.session["tune"]
     known: list[str] = []
@@ -800,14 +817,8 @@ def step_tune(ctx: Context) -> bool:
         ctx.log(f"tune {event['id']}: best {event.get('config')} {event.get('time_ms', 0):.4f} "
                 f"ms -> {event.get('path')}")
 
-    def on_failed(item: str, why: str) -> None:
-        tune[item] = {"failed": why}
-        ctx.save()
-        ctx.log(f"tune {item}: FAILED {why}")
-
-    pending = None if not tune.get("_items") else [i for i in tune["_items"] if i not in tune]
-    finished = run_items(ctx, "tune", pending, [], on_done=on_done, on_failed=on_failed,
-                         on_items=on_items)
+    finished = run_items(ctx, "tune", _pending(tune), [], on_done=on_done,
+                         on_failed=_failure_recorder(ctx, tune, "tune"), on_items=on_items)
     if known:
         tune["_items"] = known
     if not finished:
@@ -833,13 +844,8 @@ def step_noise(ctx: Context) -> bool:
         ctx.log(f"noise floors of {event['id']}: {len(event.get('floors', {}))} rows, widest "
                 f"{widest:.1%}")
 
-    def on_failed(item: str, why: str) -> None:
-        noise[item] = {"failed": why}
-        ctx.save()
-        ctx.log(f"noise floors of {item}: FAILED {why}")
-
-    pending = None if not noise.get("_items") else \
-        [i for i in noise["_items"] if i not in noise]
+    on_failed = _failure_recorder(ctx, noise, "noise floors of")
+    pending = _pending(noise)
     known: list[str] = []
     finished = run_items(ctx, "noise", pending, ["--runs", str(ctx.noise_runs)],
                          on_done=on_done, on_failed=on_failed,

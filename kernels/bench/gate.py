@@ -19,8 +19,9 @@ it), the command commits, one at a time on top of HEAD:
                than its parent, which must not read as a regression.
 
 For each, it runs the CI path, `python -m kernels bench --base BASE --head HEAD`
-(narrowed to the planted operations' time_device, their cases, forward), with its
-per-row gaps and the interleaved confirmation of slower rows, and reads its
+(narrowed to the planted operations' time_device, their cases, forward; the interleaved
+gate, or with `sequential` the asv-run one), with its per-row gaps and the interleaved
+confirmation of slower rows, and reads its
 verdicts (`--json`). Beside them, on the same asv results, it records the mark
 asv's own test gives each row (`asv.commands.compare._is_result_better`) at
 `-f FACTOR` and at plain asv continuous's 1.1. It prints one row per (plant,
@@ -120,8 +121,12 @@ class Settings:
     factor: float = 1.02
     speedup: bool = True
     confirm_rounds: int = 3
-    # Trials against one base share its first-pass asv run (each trial's confirmation still
-    # measures base and head again, interleaved); off, every trial runs asv on both.
+    # The gate as it was (`kernels bench --sequential`: asv run on each commit, then the
+    # compare); by default the interleaved gate, which measures base and head side by side.
+    sequential: bool = False
+    # With `sequential`, trials against one base share its first-pass asv run (each trial's
+    # confirmation still measures base and head again); off, every trial runs asv on both.
+    # The interleaved gate measures the base beside the head in every trial.
     reuse_base: bool = True
 
     def __post_init__(self) -> None:
@@ -287,7 +292,8 @@ def run_trial(repo: pathlib.Path, label: str, base: str, head: str, plants: tupl
                "--head", head,
                "--bench", f"({regex})\\.time_device", "--json", str(rows_file),
                "--confirm-rounds", str(settings.confirm_rounds),
-               *(["--reuse-base"] if settings.reuse_base else [])]
+               *(["--sequential"] if settings.sequential else []),
+               *(["--reuse-base"] if settings.sequential and settings.reuse_base else [])]
     log(f"[{label}] kernels bench --base {base[:8]} --head {head[:8]} ({regex}, "
         f"{', '.join(sorted({p.case[platform] for p in plants}))}, fwd)")
     process = subprocess.Popen(command, cwd=repo, env=_environment(plants, platform), text=True,
@@ -299,7 +305,8 @@ def run_trial(repo: pathlib.Path, label: str, base: str, head: str, plants: tupl
             # asv's steps ("· Creating environments", "· Discovering benchmarks") too: on a
             # loaded machine each takes several seconds, and a silent run reads as a hang.
             if line.startswith(("[", "·", "confirming", "  round", "confirmation", "summary",
-                                "smallest", "asv on", "kernels bench")) or "measured" in line:
+                                "smallest", "asv on", "kernels bench", "interleaved gate",
+                                "kernelperf:")) or "measured" in line:
                 log(f"  {line.rstrip()}")
         returncode = process.wait()
     except KeyboardInterrupt:

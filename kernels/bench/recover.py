@@ -79,6 +79,8 @@ def _value(benchmarks, cls, method: str, params: tuple) -> tuple[float | None, l
         return math.nan, None
     except RuntimeError:
         return None, None
+    except KeyError:  # a name this checkout does not register (a base's, removed since)
+        return _record_only(benchmarks, cls, method, params)
     if method == "time_device":
         return math.nan, list(instance.record["samples"])
     try:
@@ -87,6 +89,22 @@ def _value(benchmarks, cls, method: str, params: tuple) -> tuple[float | None, l
         return math.nan, None
     finally:
         benchmarks._REPLAY.clear()
+
+
+def _record_only(benchmarks, cls, method: str, params: tuple) -> tuple[float | None, list | None]:
+    """(value, samples) read from the record alone, for an implementation or case this
+    checkout's registry does not know: the samples and memory are the record's own, the
+    numbers computed from the registry's work model are left out (NaN)."""
+    found = benchmarks._records(cls).get((cls.op_name, *params))
+    if found is None or found["event"] == "failed":
+        return None, None
+    if found["event"] != "done":
+        return math.nan, None
+    if method == "time_device":
+        return math.nan, list(found["samples"])
+    if method == "track_peak_memory" and found.get("peak_bytes") is not None:
+        return float(found["peak_bytes"]), None
+    return math.nan, None
 
 
 # What _suite sets for a replay, and recover() puts back after it: left behind, the journal
@@ -99,14 +117,18 @@ _REPLAY_VARIABLES = (JOURNAL_VARIABLE, "KERNELPERF_BENCH_FULL", "KERNELPERF_BENC
 
 def recover(journal_dir: pathlib.Path, results_dir: pathlib.Path, benchmarks_json: pathlib.Path,
             machine: str, commit: str, *, python: str | None = None,
-            log: Callable[[str], None] = _print) -> int:
+            log: Callable[[str], None] = _print, selection: dict | None = None,
+            verb: str = "recovered") -> int:
     """Add the journal's records of `commit` to its asv results file in `results_dir` (for
     the environment of `python`, "3.12", by default this interpreter's); returns how many
-    benchmarks were written. The process's environment is as it was afterwards."""
+    benchmarks were written. `selection` (benchmark name -> the indices of its parameter
+    combinations measured, or None for all; asv's Benchmarks.benchmark_selection): a
+    benchmark's other combinations keep the values the file held, as `asv run --bench` keeps
+    them. The process's environment is as it was afterwards."""
     saved = {name: os.environ.get(name) for name in _REPLAY_VARIABLES}
     try:
         return _recover(journal_dir, results_dir, benchmarks_json, machine, commit,
-                        python=python, log=log)
+                        python=python, log=log, selection=selection, verb=verb)
     finally:
         for name, value in saved.items():
             if value is None:
@@ -117,7 +139,8 @@ def recover(journal_dir: pathlib.Path, results_dir: pathlib.Path, benchmarks_jso
 
 def _recover(journal_dir: pathlib.Path, results_dir: pathlib.Path, benchmarks_json: pathlib.Path,
              machine: str, commit: str, *, python: str | None,
-             log: Callable[[str], None]) -> int:
+             log: Callable[[str], None], selection: dict | None = None,
+             verb: str = "recovered") -> int:
     from asv import results as asv_results
     from asv import runner as asv_runner
 
@@ -147,6 +170,9 @@ def _recover(journal_dir: pathlib.Path, results_dir: pathlib.Path, benchmarks_js
         cls, method = getattr(benchmarks, parts[1]), parts[2]
         if cls.op_name not in measured_ops or not hasattr(cls, method):
             continue
+        if selection is not None and name not in selection:
+            continue
+        chosen = selection.get(name) if selection is not None else None
         values, samples, numbers = [], [], []
         for combo in itertools.product(*[[json.loads(p.replace("'", '"')) for p in values]
                                          for values in benchmark["params"]]):
@@ -160,10 +186,11 @@ def _recover(journal_dir: pathlib.Path, results_dir: pathlib.Path, benchmarks_js
         results.add_result(benchmark, asv_runner.BenchmarkResult(
             result=values, samples=samples, number=numbers, errcode=0, stderr="",
             profile=None), record_samples=True,
-            started_at=datetime.datetime.now(datetime.UTC))
+            started_at=datetime.datetime.now(datetime.UTC),
+            selected_idx=None if chosen is None else set(chosen))
         written += 1
     results.save(str(results_dir))
-    log(f"recovered {written} benchmark(s) of {commit[:8]} from {journal_dir} into {path}")
+    log(f"{verb} {written} benchmark(s) of {commit[:8]} from {journal_dir} into {path}")
     return written
 
 

@@ -8,14 +8,16 @@ import argparse
 import time
 from collections.abc import Callable
 
-from kernels.bench import asv_tools, breakdown, confirm, gate
+from kernels.bench import asv_tools, breakdown, confirm, gate, interleaved
 from kernels.cli.arguments import revision
 from kernels.core import validation
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """asv on HEAD (and the base, if given), then the compare table (slower rows confirmed
-    by an interleaved re-measurement) and where the time went; its exit status."""
+    """With --base, the interleaved gate (kernels.bench.interleaved: base and head measured
+    side by side by a live worker each, slower rows confirmed there), or with --sequential
+    asv on each commit then the compare; without, asv on HEAD. The compare table and where
+    the time went; its exit status."""
     revisions = [args.base, args.head] if args.base else [args.head]
     if args.base and asv_tools.full_hash(args.base) == (commit := asv_tools.full_hash(args.head)):
         # Said before asv starts (its run of a commit takes seconds on a CPU, minutes on a
@@ -25,6 +27,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
               f"is measured once and its values listed. Commit the change to gate it; "
               f"`make noise-floor` compares runs of one commit.", flush=True)
         revisions = [args.head]
+    sequential = args.sequential or args.reuse_base
+    if len(revisions) == 2 and not sequential:
+        started = time.time()
+        status = interleaved.gate(args.base, args.head, machine=asv_tools.register_machine(),
+                                  bench_regex=args.bench, min_gap=args.min_gap,
+                                  rounds=args.confirm_rounds, dashboard=args.dashboard,
+                                  summary_md=args.summary_md, json_path=args.json)
+        print(f"kernels bench: {time.time() - started:.0f} s in all", flush=True)
+        return status
     if args.base and args.reuse_base and len(revisions) == 2 and asv_tools.load(
             ".asv/results", asv_tools.machine_name(), asv_tools.full_hash(args.base)):
         print(f"kernels bench: the base {args.base}'s asv results are reused (--reuse-base); "
@@ -48,7 +59,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         status = asv_tools.run(args.base, args.head, machine=machine, min_gap=args.min_gap,
                                summary_md=args.summary_md, confirm_rounds=args.confirm_rounds,
                                json_path=args.json, base_since_ms=since_ms)
-    report = breakdown.report(started, asv_wall)
+    report = breakdown.report(started, time.time() - started,
+                              also=[confirm.confirm_dir() / "journals"])
     if report:
         print(f"asv on {len(revisions)} commit(s) took {asv_wall:.0f} s; " + report)
     print(f"kernels bench: {time.time() - started:.0f} s in all", flush=True)
@@ -93,6 +105,7 @@ def cmd_gate_power(args: argparse.Namespace) -> int:
                                  aa_trials=args.aa_trials, factor=args.factor,
                                  speedup=not args.no_speedup,
                                  confirm_rounds=args.confirm_rounds,
+                                 sequential=args.sequential,
                                  reuse_base=not args.fresh_base)
     except ValueError as error:
         raise validation.UserError(str(error)) from None
@@ -132,8 +145,12 @@ def _add_gate_power(sub) -> None:
                             "(default 3)")
     gate_power.add_argument("--no-speedup", action="store_true",
                             help="skip the reverted-plant speed-up trial")
+    gate_power.add_argument("--sequential", action="store_true",
+                            help="run the gate as it was, kernels bench --sequential (asv run "
+                            "on each commit; default: the interleaved gate)")
     gate_power.add_argument("--fresh-base", action="store_true",
-                            help="run asv on the base in every trial (default: once)")
+                            help="with --sequential, run asv on the base in every trial "
+                            "(default: once; the interleaved gate measures it every trial)")
     gate_power.add_argument("--keep", action="store_true", help="keep the scratch clone")
 
 
@@ -151,9 +168,14 @@ def add_commands(sub) -> dict[str, Callable[[argparse.Namespace], int]]:
             sub_parser.add_argument("--dashboard", action="store_true",
                                     help="with --base, also record the dashboard metrics "
                                     "(always recorded without --base)")
+            sub_parser.add_argument("--sequential", action="store_true",
+                                    help="with --base, the gate as it was: asv run on each "
+                                    "commit, then the compare, slower rows confirmed by live "
+                                    "workers (default: both commits measured interleaved, "
+                                    "without asv run)")
             sub_parser.add_argument("--reuse-base", action="store_true",
-                                    help="keep the base's asv results where this machine has "
-                                    "them (gate-power's trials share one base run)")
+                                    help="with --sequential (implied), keep the base's asv "
+                                    "results where this machine has them")
         else:
             sub_parser.add_argument("base", type=revision, help="revision compared against")
             sub_parser.add_argument("head", type=revision, nargs="?", default="HEAD",

@@ -1,6 +1,6 @@
 """Commands of the measurement core: time, roofline, plot-roofline, ceilings, verify-timing.
 
-  python -m kernels time softmax --tags gpu --direction fwd bwd
+  python -m kernels time softmax --tags gpu --direction fwd bwd --versus copy fastest
   python -m kernels roofline softmax --dims rows=4096 cols=1024,4096 --dtype bf16
   python -m kernels roofline attention --batch 4 --heads 8 --head-dim 64 \
       --seq-lengths 128,256,512
@@ -279,6 +279,7 @@ def cmd_time(args: argparse.Namespace) -> int:
     from kernels.roofline import model, report
 
     op, impls, cases = select(args)
+    check_versus(op, impls, args.versus)
     device, sheet, measured = _ceilings()
     print(f"device: {device.describe()}", flush=True)
     ceiling = measured or sheet
@@ -308,7 +309,97 @@ def cmd_time(args: argparse.Namespace) -> int:
     print(table(lines, ["implementation", "case", "dir", "precision", "median", "CV", "n",
                         "method", "regime", "stop", "throttled", "TFLOP/s", "GB/s", "roofline",
                         "vs best baseline of its precision"]))
+    for name in dict.fromkeys(args.versus or ()):
+        print()
+        print(versus_table(op, rows, name, measured))
     return _status(rows)
+
+
+# --versus names besides an operation's implementations.
+VERSUS_COPY = "copy"  # the bytes the case must move at the measured copy ceiling
+VERSUS_FASTEST = "fastest"  # the fastest implementation timed in the case and direction
+
+
+def check_versus(op, impls, names: list[str] | None) -> None:
+    """UserError unless each --versus name is an implementation being timed, "copy" or
+    "fastest"."""
+    from kernels.core import registry
+
+    timed = [impl.name for impl in impls]
+    for name in names or ():
+        if name in (VERSUS_COPY, VERSUS_FASTEST) or name in timed:
+            continue
+        declared = [impl.name for impl in registry.implementations(op.name)]
+        why = ("not among those timed (--impl)" if name in declared else
+               f"not an implementation of {op.name}")
+        raise validation.UserError(f"--versus: expected one of {timed}, {VERSUS_COPY!r} or "
+                                   f"{VERSUS_FASTEST!r}, got {name!r} ({why})")
+
+
+def _ratio_cell(reference, m) -> str:
+    """The reference's time over m's, or why it is not shown: the clocks or precisions differ.
+    `reference`: (seconds, method or None, precision or None)."""
+    seconds, method, precision = reference
+    if method is not None and m.method != method:
+        return f"other clock ({m.method})"
+    theirs = getattr(m, "precision", None)
+    if precision and theirs and theirs != precision:
+        return f"other precision ({theirs})"
+    return f"{seconds / m.median_s:.3f}"
+
+
+def _versus_reference(op, name: str, case, direction: str, by_impl: dict[str, Row], measured):
+    """(seconds, method, precision, label) of `name` in one (case, direction) whose rows are
+    `by_impl`, or a str: why there is none."""
+    timed = {n: r.measurement for n, r in by_impl.items() if r.measurement is not None}
+    if name == VERSUS_COPY:
+        if measured is None:
+            return "no measured copy ceiling (python -m kernels ceilings)"
+        seconds = op.work(case, direction).bytes / measured.bandwidth
+        return seconds, measured.method, None, _format_time(seconds)
+    chosen = name
+    if name == VERSUS_FASTEST and timed:
+        # The fastest by the clock most rows were timed by: a time by another is no rival.
+        methods = [m.method for m in timed.values()]
+        clock = max(methods, key=methods.count)
+        chosen = min((n for n in timed if timed[n].method == clock),
+                     key=lambda n: timed[n].median_s)
+    if chosen not in timed:
+        return by_impl[chosen].skipped or "not timed" if chosen in by_impl else "not timed"
+    m = timed[chosen]
+    label = _format_time(m.median_s) + (f" ({chosen})" if name == VERSUS_FASTEST else "")
+    return m.median_s, m.method, getattr(m, "precision", None), label
+
+
+def versus_table(op, rows: list[Row], name: str, measured=None) -> str:
+    """One line per (case, direction), one column per implementation: `name`'s time over
+    each implementation's (> 1: faster than it), from the rows of this one run. `name` is an
+    implementation, "copy" (the bytes the case must move, by its work model, at the measured
+    copy ceiling `measured`: 1 is copy speed) or "fastest" (the fastest row timed there)."""
+    from kernels.core.tables import table
+
+    impls = list(dict.fromkeys(row.impl.name for row in rows))
+    cells: dict[tuple[str, str], dict[str, Row]] = {}
+    for row in rows:
+        cells.setdefault((row.case.id, row.direction), {})[row.impl.name] = row
+    lines = []
+    for (case_id, direction), by_impl in cells.items():
+        timed = {n: r.measurement for n, r in by_impl.items() if r.measurement is not None}
+        case = next(iter(by_impl.values())).case
+        reference = _versus_reference(op, name, case, direction, by_impl, measured)
+        if isinstance(reference, str):
+            lines.append([case_id, direction, f"- ({reference})", *("-" for _ in impls)])
+            continue
+        lines.append([case_id, direction, reference[3], *(
+            _ratio_cell(reference[:3], timed[n]) if n in timed else "-" for n in impls)])
+    what = {VERSUS_COPY: "copy bound", VERSUS_FASTEST: "fastest"}.get(name, name)
+    title = {
+        VERSUS_COPY: "the bytes each must move at the measured copy ceiling"
+                     + (f" ({measured.bandwidth / 1e9:.0f} GB/s)" if measured else "")
+                     + " over its time (1.000: at copy speed)",
+        VERSUS_FASTEST: "the fastest time over each's (1.000: the fastest)",
+    }.get(name, f"{name}'s time over each's (> 1: faster than {name})")
+    return f"vs {what}: {title}; one run\n" + table(lines, ["case", "dir", what, *impls])
 
 
 def _status(rows: list[Row]) -> int:
@@ -539,6 +630,10 @@ def add_commands(sub) -> dict[str, Callable[[argparse.Namespace], int]]:
     _selection_arguments(timer)
     timer.add_argument("--direction", nargs="+", choices=("fwd", "bwd"), default=["fwd"],
                        help="forward, backward or both (default fwd)")
+    timer.add_argument("--versus", action="extend", nargs="+", metavar="NAME",
+                       help="after the table, each case's time of NAME over every "
+                            "implementation's: an implementation timed here, 'copy' (the "
+                            "case's bytes at the measured copy ceiling) or 'fastest'")
     roof = sub.add_parser("roofline", help="time and place on the roofline; JSON + PNG in traces/")
     _selection_arguments(roof)
     roof.add_argument("--direction", nargs="+", choices=("fwd", "bwd"), default=["fwd", "bwd"],

@@ -12,6 +12,14 @@ fastest in `kernels/ops/<op>/tuned.json` under the normalised GPU model name
 over the implementation's own default, falling back to that default for
 models that were never tuned.
 
+An implementation may have several grids, one per path whose best tiles differ
+(float32 products, whose operands take twice the shared memory of 16-bit ones;
+rows too wide for one block): each is a *variant*, registered, named and
+recorded as `impl:variant` (`slot`), e.g. "triton:f32", beside the
+implementation's plain entry, which keeps meaning what it always meant. The
+file's layout is unchanged ({slot: {model: entry}}), so files written before
+variants existed read as they did.
+
 `python -m kernels tune OP [--impl NAME]` is the command line (see
 `add_commands`).
 """
@@ -44,6 +52,23 @@ def tuned_path(op: str) -> pathlib.Path:
     return OPS_DIR / op / TUNED_FILE
 
 
+VARIANT_SEPARATOR = ":"
+
+
+def slot(impl: str, variant: str = "") -> str:
+    """Where a tune of `impl`'s `variant` grid is registered and recorded: `impl` itself for
+    its plain grid, else "impl:variant" ("triton:f32")."""
+    if VARIANT_SEPARATOR in impl or VARIANT_SEPARATOR in variant:
+        raise ValueError(f"impl, variant: expected names without {VARIANT_SEPARATOR!r}, got "
+                         f"{impl!r}, {variant!r}")
+    return f"{impl}{VARIANT_SEPARATOR}{variant}" if variant else impl
+
+
+def impl_of(name: str) -> str:
+    """The implementation a tunable's name (`slot`) belongs to: "triton:f32" -> "triton"."""
+    return name.split(VARIANT_SEPARATOR, 1)[0]
+
+
 def read_tuned(op: str, path: pathlib.Path | None = None) -> dict[str, Any]:
     """The whole tuned file of `op`: {impl: {model: {"config": {...}, ...}}}; {} if absent."""
     path = path or tuned_path(op)
@@ -53,12 +78,13 @@ def read_tuned(op: str, path: pathlib.Path | None = None) -> dict[str, Any]:
 
 
 def tuned_config(op: str, impl: str, base: Any, model: str | None = None,
-                 path: pathlib.Path | None = None):
-    """`base` (a config dataclass) with the fields recorded for `impl` on `model` (default:
-    this GPU), or None when that model was never tuned. Fields an entry does not name keep
-    `base`'s values: a tune records what it chose (`chosen_fields`), not the defaults of its
-    day."""
-    entry = read_tuned(op, path).get(impl, {}).get(model or this_model())
+                 path: pathlib.Path | None = None, *, variant: str = ""):
+    """`base` (a config dataclass) with the fields recorded for `impl` (its `variant` grid,
+    where named) on `model` (default: this GPU), or None when that model was never tuned
+    there. Fields an entry does not name keep `base`'s values: a tune records what it chose
+    (`chosen_fields`), not the defaults of its day. A variant never reads the plain entry:
+    tiles tuned for 16-bit operands are no answer for float32 ones."""
+    entry = read_tuned(op, path).get(slot(impl, variant), {}).get(model or this_model())
     if entry is None:
         return None
     fields = {field.name for field in dataclasses.fields(base)}
@@ -95,9 +121,13 @@ class Tunable:
 
     candidates: the grid of configs to time (config dataclass instances).
     make_runner: config -> a zero-argument callable that runs the kernel once
-        on the representative case and blocks until it is done (it may raise
-        for configs that do not compile or fit).
+        on the representative case (it may raise for configs that do not
+        compile or fit); a `Run` says which framework's clock times it.
     case_id: names the representative case in the record.
+    variant: "" for the implementation's plain grid, else which of its paths
+        this grid is for ("f32"); the record goes to `slot(impl, variant)`.
+    directions: what one run times: ("fwd",), or ("fwd", "bwd") for a config
+        that the forward and the backward share (their times added).
     """
 
     op: str
@@ -105,12 +135,49 @@ class Tunable:
     candidates: Sequence[Any]
     make_runner: Callable[[Any], Callable[[], Any]]
     case_id: str
+    variant: str = ""
+    directions: tuple[str, ...] = ("fwd",)
+
+    @property
+    def name(self) -> str:
+        return slot(self.impl, self.variant)
 
 
-def sweep(op: str, impl: str, candidates: Sequence[Any], case_id: str) -> Tunable:
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One candidate ready to time: each prepared `kernels.core.timing.Timeable` (a forward,
+    then a backward) called in turn, all of one framework, which `device_timer` times it by
+    (a torch kernel waited for by torch, its L2 flushed by torch)."""
+
+    timeables: tuple[Any, ...]
+
+    def __post_init__(self) -> None:
+        frameworks = {t.framework for t in self.timeables}
+        if len(frameworks) != 1:
+            raise ValueError(f"timeables: expected one or more of one framework, got "
+                             f"{sorted(frameworks)}")
+
+    @property
+    def framework(self) -> str:
+        return self.timeables[0].framework
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.timeables[0].on_gpu
+
+    @property
+    def label(self) -> str:
+        return " + ".join(t.label for t in self.timeables)
+
+    def __call__(self) -> list[Any]:
+        return [t.fn(*t.args) for t in self.timeables]
+
+
+def sweep(op: str, impl: str, candidates: Sequence[Any], case_id: str, *, variant: str = "",
+          directions: Sequence[str] = ("fwd",)) -> Tunable:
     """The usual Tunable: `impl`'s registered function called with `config=` each candidate,
-    on the operation's own case `case_id`, its inputs made once and placed as the tests and
-    benchmarks make them (kernels.core.timing.prepare)."""
+    on the operation's own case `case_id` in `directions`, its inputs made once and placed
+    as the tests and benchmarks make them (kernels.core.timing.prepare)."""
     import functools
 
     from kernels.core import checking, registry, timing
@@ -119,14 +186,17 @@ def sweep(op: str, impl: str, candidates: Sequence[Any], case_id: str) -> Tunabl
     operation = registry.operation(op)
     case = operation.case(case_id)
     inputs = functools.cache(lambda: checking.make_inputs(operation, case, 0, "normal"))
+    for direction in directions:
+        registry.check_direction(direction)
 
     def make_runner(config):
         configured = dataclasses.replace(
             implementation, fn=functools.partial(implementation.fn, config=config))
-        timeable = timing.prepare(configured, case, inputs=inputs())
-        return functools.partial(timeable.fn, *timeable.args)
+        return Run(tuple(timing.prepare(configured, case, direction=direction, inputs=inputs())
+                         for direction in directions))
 
-    return Tunable(op, impl, candidates, make_runner, case_id)
+    return Tunable(op, impl, candidates, make_runner, case_id, variant=variant,
+                   directions=tuple(directions))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,26 +227,34 @@ def tune(tunable: Tunable, timer: Callable[[Callable[[], Any]], float],
 
 
 def device_timer(runner: Callable[[], Any]) -> float:
-    """Median milliseconds of `runner` (a JAX call) through kernels.core.timing: CUPTI kernel time
-    on a GPU, L2 flushed before each sample, samples until the noise settles."""
+    """Median milliseconds of `runner` through kernels.core.timing: CUPTI kernel time on a GPU,
+    L2 flushed before each sample, samples until the noise settles. A `Run` is timed in its
+    own framework; any other callable is taken for a JAX call."""
     from kernels.core import compat, timing
 
-    timeable = timing.Timeable("tune", "jax", runner, (), on_gpu=compat.on_gpu())
+    if isinstance(runner, Run):
+        timeable = timing.Timeable(f"tune {runner.label}", runner.framework, runner, (),
+                                   on_gpu=runner.on_gpu)
+    else:
+        timeable = timing.Timeable("tune", "jax", runner, (), on_gpu=compat.on_gpu())
     return timing.time_timeable(timeable).median_s * 1e3
 
 
 TIMER_NAME = "kernels.core.timing median (CUPTI on a GPU, cold L2)"
 
 
-# Registered by implementation modules: (op, impl) -> factory returning a Tunable.
+# Registered by implementation modules: (op, slot) -> factory returning a Tunable.
 _TUNABLES: dict[tuple[str, str], Callable[[], Tunable]] = {}
 
 
-def register_tunable(op: str, impl: str, factory: Callable[[], Tunable]) -> None:
-    _TUNABLES[(op, impl)] = factory
+def register_tunable(op: str, name: str, factory: Callable[[], Tunable]) -> None:
+    """`name`: the implementation, or `slot(impl, variant)` for a variant's grid (the factory's
+    Tunable must carry that impl and variant: its record goes under the name)."""
+    _TUNABLES[(op, name)] = factory
 
 
 def tunables(op: str) -> dict[str, Callable[[], Tunable]]:
+    """The tunables of `op` by name (`slot`: "pallas_triton", "pallas_triton:f32")."""
     from kernels.core import registry
 
     registry.load()

@@ -156,13 +156,15 @@ TARGETS = (
     # The gate's own logic (2026-11-26): the confirmation's decision and bookkeeping, the
     # benchmarks' sampling rule and fault-containing supervisor, and the time breakdown.
     Target(name="gate-confirm", modules=("kernels/bench/confirm.py",),
-           tests=("correctness_tests/test_confirm.py",), isolation="fork"),
+           tests=("correctness_tests/test_confirm.py", "correctness_tests/test_interleaved.py"),
+           isolation="fork"),
     # The supervisor's, the worker's and one parameter set's logic, driven in-process through
     # fakes (test_measuring_fakes.py): the slow tests run real worker processes, seconds a
     # mutant each, whose code mutmut never sees. None starts a JAX backend: fork is safe.
     Target(name="gate-measuring", modules=("perf_tests/measuring.py",),
            tests=("correctness_tests/test_measuring.py",
-                  "correctness_tests/test_measuring_fakes.py", "-m", "not slow"),
+                  "correctness_tests/test_measuring_fakes.py",
+                  "correctness_tests/test_interleaved.py", "-m", "not slow"),
            isolation="fork"),
     # gate-power (2026-11-27): the planted slowdowns' text, the settings, the trial verdicts
     # and the report that fails a run; its clone-and-run flow drives asv on a GPU.

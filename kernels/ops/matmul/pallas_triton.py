@@ -41,12 +41,14 @@ INTERPRET_DEFAULT = MatmulConfig(block_m=64, block_n=64, block_k=64, group_m=2)
 
 
 def default_config(m: int, n: int, k: int, dtype, interpret: bool) -> MatmulConfig:
-    """Tuned config for this GPU model (kernels/ops/matmul/tuned.json, 16-bit dtypes), else the
-    fixed default, shrunk so that small problems do not pay for tiles far larger than themselves."""
+    """Tuned config for this GPU model (kernels/ops/matmul/tuned.json: the plain entry for
+    16-bit dtypes, "pallas_triton:f32" for float32), else the fixed default, shrunk so that
+    small problems do not pay for tiles far larger than themselves."""
     if interpret:
         base = INTERPRET_DEFAULT
     elif dtype == jnp.float32:
-        base = GPU_DEFAULT_F32  # tuning covers the 16-bit dtypes
+        base = tuning.tuned_config(spec.NAME, IMPL, GPU_DEFAULT_F32, variant="f32") \
+            or GPU_DEFAULT_F32
     else:
         base = tuning.tuned_config(spec.NAME, IMPL, GPU_DEFAULT) or GPU_DEFAULT
     fit = lambda block, size: max(16, min(block, pl.next_power_of_2(size)))  # noqa: E731
@@ -173,6 +175,20 @@ TUNING_CANDIDATES = tuple(
     ])
 tuning.register_tunable(spec.NAME, IMPL, functools.partial(
     tuning.sweep, spec.NAME, IMPL, TUNING_CANDIDATES, "bf16-8192x8192x8192"))
+# float32 (TF32 dots) on the f32 4096^3 case, as "pallas_triton:f32": 4-byte tiles take twice
+# the shared memory of the grid above per stage ((block_m + block_n) block_k 4 B; 192 KiB at
+# most, 128x128x64 in 3 stages). The first is the untuned default (GPU_DEFAULT_F32), which
+# ran at 0.19x of XLA's TF32 on the H200 (issue 51).
+F32_TUNING_CASE = "f32-4096x4096x4096"
+F32_TUNING_CANDIDATES = tuple(
+    MatmulConfig(block_m=bm, block_n=bn, block_k=bk, group_m=8, num_warps=w, num_stages=s)
+    for bm, bn, bk, w, s in [
+        (128, 128, 32, 8, 3), (128, 128, 32, 4, 4), (128, 256, 32, 8, 3),
+        (256, 128, 32, 8, 3), (128, 128, 64, 8, 3), (128, 256, 16, 8, 4),
+        (64, 128, 32, 4, 4), (128, 64, 32, 4, 4),
+    ])
+tuning.register_tunable(spec.NAME, tuning.slot(IMPL, "f32"), functools.partial(
+    tuning.sweep, spec.NAME, IMPL, F32_TUNING_CANDIDATES, F32_TUNING_CASE, variant="f32"))
 
 registry.register_implementation(registry.Implementation(
     op=spec.NAME,

@@ -7,7 +7,9 @@ same time share rows of A and columns of B in L2 (the grouped ordering of
 Triton's matmul tutorial). Rows of A and columns of B past the edge are read
 wrapped around (their results are never stored), so only the K tail needs a
 masked load, and only when K is not a multiple of block_k. The tile shape
-is chosen by `triton.autotune` over a small set keyed on (M, N, K).
+is chosen by `triton.autotune` over a small set keyed on (M, N, K), except
+where a config is given, or for float32 where this GPU model has a tuned one
+(`python -m kernels tune matmul --impl triton:f32`, F32_TUNING_CANDIDATES).
 
 The backward reuses the same kernel on transposed views: dA = dC B^T and
 dB = A^T dC (the kernel takes any strides). float32 operands are multiplied
@@ -16,6 +18,7 @@ in TF32, which the operation's float32 tolerance allows for.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from typing import TYPE_CHECKING
@@ -23,7 +26,7 @@ from typing import TYPE_CHECKING
 import triton
 import triton.language as tl
 
-from kernels.core import compat, frameworks, precisions, registry, validation
+from kernels.core import compat, frameworks, precisions, registry, tuning, validation
 from kernels.ops.matmul import spec
 
 if TYPE_CHECKING:  # torch is imported by a call, not by loading the registry
@@ -133,14 +136,70 @@ def matmul_kernel(
              mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Launch on any strides; allocate C (NaN-poisoned under the correctness harness)."""
+# The float32 (TF32) grid `python -m kernels tune matmul` times on the f32 4096^3 case, as
+# "triton:f32" in tuned.json. float32 tiles take twice the shared memory of 16-bit ones per
+# stage ((block_m + block_n) block_k 4 B), so the autotune set above keeps only its two
+# smallest tiles for f32 (64x128x32 and 64x64x32, both here): 50 TFLOP/s on the H200, an
+# eighth of cuBLAS's TF32 (issue 51). These are the tiles that fit at 4 bytes, up to 192 KiB
+# (128x128x64 in 3 stages), with TF32's k-step of 8 in mind (block_k 16 or 32 keeps more
+# stages in flight for the same bytes).
+F32_TUNING_CASE = "f32-4096x4096x4096"
+F32_TUNING_CANDIDATES = tuple(
+    MatmulConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=s)
+    for bm, bn, bk, w, s in [
+        (64, 128, 32, 4, 4), (64, 64, 32, 4, 3),  # the autotune's f32 choices today
+        (128, 128, 32, 8, 3), (128, 128, 32, 4, 4), (128, 256, 32, 8, 3),
+        (256, 128, 32, 8, 3), (128, 128, 64, 8, 3), (128, 256, 16, 8, 4),
+        (128, 64, 32, 4, 4),
+    ])
+
+
+@functools.cache
+def _tuned_f32(device_name: str) -> MatmulConfig | None:
+    """This GPU model's tuned float32 tiles (tuned.json, "triton:f32"), or None: autotune.
+    Read once per process and model: a launch must not parse a file."""
+    return tuning.tuned_config(spec.NAME, "triton", F32_TUNING_CANDIDATES[0],
+                               model=tuning.model_key(device_name), variant="f32")
+
+
+def _fitted(config: MatmulConfig, m: int, n: int, k: int) -> MatmulConfig:
+    """`config` with tiles no larger than the problem needs (at least tl.dot's 16)."""
+    fit = lambda block, size: max(16, min(block, triton.next_power_of_2(size)))  # noqa: E731
+    return dataclasses.replace(config, block_m=fit(config.block_m, m),
+                               block_n=fit(config.block_n, n), block_k=fit(config.block_k, k))
+
+
+def default_tiles(dtype: torch.dtype, device: torch.device, m: int, n: int,
+                  k: int) -> MatmulConfig | None:
+    """Fixed tiles for an (m, n, k) product when no config is given: float32 on a GPU whose
+    model has tuned ones (fitted to the problem); None, the autotuned kernel, otherwise."""
+    if dtype.itemsize != 4 or device.type != "cuda":
+        return None
+    import torch
+
+    tuned = _tuned_f32(torch.cuda.get_device_name(device))
+    return _fitted(tuned, m, n, k) if tuned else None
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor, config: MatmulConfig | None = None) -> torch.Tensor:
+    """Launch on any strides; allocate C (NaN-poisoned under the correctness harness).
+
+    config: fixed tiles; else float32 on a GPU takes this model's tuned tiles (fitted to the
+    problem) where a tune recorded some, and everything else the autotuned kernel."""
     (m, k), n = a.shape, b.shape[1]
     c = frameworks.torch_empty((m, n), a.dtype, a.device)
-    grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
-    matmul_kernel[grid](a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                        c.stride(0), c.stride(1),
-                        DOT_PRECISION="tf32")  # TF32 for f32; 16-bit dots ignore it
+    config = config or default_tiles(a.dtype, a.device, m, n, k)
+    args = (a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            c.stride(0), c.stride(1))
+    if config is None:
+        grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
+        matmul_kernel[grid](*args, DOT_PRECISION="tf32")  # TF32 for f32; 16-bit dots ignore it
+        return c
+    # The kernel under the autotuner (and its EVEN_K heuristic), launched with these tiles.
+    matmul_kernel.fn[(triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n),)](
+        *args, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        GROUP_M=config.group_m, DOT_PRECISION="tf32", num_warps=config.num_warps,
+        num_stages=config.num_stages)
     return c
 
 
@@ -154,26 +213,29 @@ def _autograd() -> type:
         """C = A @ B; backward dA = dC B^T, dB = A^T dC with the same kernel on transposed views."""
 
         @staticmethod
-        def forward(ctx, a, b):
+        def forward(ctx, a, b, config):
             ctx.save_for_backward(a, b)
-            return _matmul(a, b)
+            return _matmul(a, b, config)
 
         @staticmethod
         def backward(ctx, dc):
+            # The forward's tiles are for (m, n, k); the gradients have other shapes.
             a, b = ctx.saved_tensors
             da = _matmul(dc, b.T) if ctx.needs_input_grad[0] else None
             db = _matmul(a.T, dc) if ctx.needs_input_grad[1] else None
-            return da, db
+            return da, db, None
 
     return Matmul
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def matmul(a: torch.Tensor, b: torch.Tensor, *, config: MatmulConfig | None = None) -> torch.Tensor:
     """a @ b, differentiable.
 
     Args:
       a: (m, k) tensor, bf16, f16 or f32.
       b: (k, n) tensor of a's dtype on a's device.
+      config: the forward's tiles, used as given; None: autotuned (float32: this GPU
+        model's tuned tiles where recorded).
     Returns:
       (m, n) tensor of a's dtype (accumulated in float32).
     """
@@ -183,10 +245,15 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     validation.check_torch_tensor("b", b, device, like=a)
     validation.check_index_range("a", a)
     validation.check_index_range("b", b)
+    validation.check_config(config, MatmulConfig)
     if (empty := spec.empty_product(a, b, requires_grad=a.requires_grad or b.requires_grad)) \
             is not None:
         return empty
-    return _autograd().apply(a, b)
+    return _autograd().apply(a, b, config)
+
+
+tuning.register_tunable(spec.NAME, tuning.slot("triton", "f32"), functools.partial(
+    tuning.sweep, spec.NAME, "triton", F32_TUNING_CANDIDATES, F32_TUNING_CASE, variant="f32"))
 
 
 registry.register_implementation(registry.Implementation(

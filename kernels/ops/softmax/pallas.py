@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels.core import compat, registry, validation
+from kernels.core import compat, registry, tuning, validation
 from kernels.core.hlo_rules import HloExpectation, HloRules
 from kernels.ops.softmax import spec
 
@@ -45,9 +45,29 @@ class SoftmaxConfig:
 MAX_BLOCK_COLS = 4096
 # Fewest elements a program should own; small rows are batched up to this.
 MIN_BLOCK_ELEMENTS = 2048
+IMPL = "pallas"
+
+# The grid `python -m kernels tune softmax` times for float32 rows wider than MAX_BLOCK_COLS,
+# on 4096x32768 forward and backward together (they share the config): "pallas:f32-wide" in
+# tuned.json. The first is today's default there (one row of 4096-column blocks, 8 warps:
+# 0.67x of the CUDA kernel forward on the H200, issue 51).
+WIDE_TUNING_CASE = "f32-4096x32768"
+WIDE_TUNING_CANDIDATES = tuple(
+    SoftmaxConfig(block_rows=rows, block_cols=cols, num_warps=warps)
+    for rows, cols, warps in [(1, 4096, 8), (1, 4096, 4), (1, 4096, 16), (1, 2048, 4),
+                              (1, 2048, 8), (1, 8192, 8), (1, 8192, 16), (1, 16384, 16),
+                              (1, 32768, 16), (2, 4096, 16)])
 
 
-def default_config(rows: int, cols: int) -> SoftmaxConfig:
+def default_config(rows: int, cols: int, dtype=None, *, on_gpu: bool = False) -> SoftmaxConfig:
+    """Block shape and warps for (rows, cols): up to MAX_BLOCK_COLS columns a block, short rows
+    batched to MIN_BLOCK_ELEMENTS; compiled for a GPU (`on_gpu`), float32 rows wider than a
+    block take this model's tuned config where a tune recorded one ("pallas:f32-wide")."""
+    if on_gpu and cols > MAX_BLOCK_COLS and dtype is not None and jnp.dtype(dtype) == jnp.float32:
+        tuned = tuning.tuned_config(spec.NAME, IMPL, WIDE_TUNING_CANDIDATES[0],
+                                    variant="f32-wide")
+        if tuned is not None:
+            return tuned
     block_cols = min(pl.next_power_of_2(cols), MAX_BLOCK_COLS)
     block_rows = min(pl.next_power_of_2(rows), max(1, MIN_BLOCK_ELEMENTS // block_cols))
     elements = block_rows * block_cols
@@ -196,7 +216,7 @@ _softmax_2d.defvjp(_softmax_2d_fwd, _softmax_2d_bwd)
 def _softmax(x: jax.Array, config: SoftmaxConfig | None, interpret: bool) -> jax.Array:
     rows = x.size // x.shape[-1]
     x2 = x.reshape(rows, x.shape[-1])
-    config = config or default_config(*x2.shape)
+    config = config or default_config(*x2.shape, x.dtype, on_gpu=not interpret)
     return _softmax_2d(x2, config, interpret).reshape(x.shape)
 
 
@@ -223,9 +243,13 @@ def softmax(x: jax.Array, *, config: SoftmaxConfig | None = None,
     return _softmax(x, config, interpret)
 
 
+tuning.register_tunable(spec.NAME, tuning.slot(IMPL, "f32-wide"), functools.partial(
+    tuning.sweep, spec.NAME, IMPL, WIDE_TUNING_CANDIDATES, WIDE_TUNING_CASE,
+    variant="f32-wide", directions=("fwd", "bwd")))
+
 registry.register_implementation(registry.Implementation(
     op=spec.NAME,
-    name="pallas",
+    name=IMPL,
     fn=softmax,
     description="Pallas (Triton lowering), online softmax over column blocks; custom VJP",
     # On GPU the forward is exactly one Triton kernel and nothing around it; interpreted

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import triton
 import triton.language as tl
 
-from kernels.core import compat, frameworks, registry, validation
+from kernels.core import compat, frameworks, registry, tuning, validation
 from kernels.ops.softmax import spec
 
 if TYPE_CHECKING:  # torch is imported by a call, not by loading the registry
@@ -51,11 +51,42 @@ COLUMNS_PER_THREAD = 16
 MAX_WARPS = 16
 
 
-def default_config(cols: int, device: torch.device) -> SoftmaxConfig:
-    widest = MAX_BLOCK if device.type == "cuda" else INTERPRETER_MAX_BLOCK
+def default_config(cols: int, device: torch.device,
+                   dtype: torch.dtype | None = None) -> SoftmaxConfig:
+    """Columns per block and warps for rows of `cols`: the row in one block up to MAX_BLOCK,
+    else MAX_BLOCK-wide blocks; on a GPU, float32 rows wider than that take this model's
+    tuned config where a tune recorded one (tuned.json, "triton:f32-wide")."""
+    on_gpu = device.type == "cuda"
+    if on_gpu and cols > MAX_BLOCK and dtype is not None and dtype.itemsize == 4:
+        import torch
+
+        tuned = _tuned_wide(torch.cuda.get_device_name(device))
+        if tuned is not None:
+            return tuned
+    widest = MAX_BLOCK if on_gpu else INTERPRETER_MAX_BLOCK
     block = min(triton.next_power_of_2(cols), widest)
     num_warps = max(1, min(MAX_WARPS, block // (32 * COLUMNS_PER_THREAD)))
     return SoftmaxConfig(block=block, num_warps=num_warps)
+
+
+# The grid `python -m kernels tune softmax` times for float32 rows wider than MAX_BLOCK, on
+# 4096x32768 forward and backward together (they share the config): "triton:f32-wide" in
+# tuned.json. The first is today's default there (8192-wide blocks, 16 warps: 0.75x of the
+# CUDA kernel forward, 0.6 of the copy bound backward on the H200, issue 51); 32768-wide
+# blocks hold that row whole (one read of x, 32 floats a thread at 32 warps).
+WIDE_TUNING_CASE = "f32-4096x32768"
+WIDE_TUNING_CANDIDATES = tuple(
+    SoftmaxConfig(block=block, num_warps=warps)
+    for block, warps in [(8192, 16), (8192, 8), (4096, 8), (4096, 16), (2048, 8), (4096, 4),
+                         (16384, 16), (16384, 32), (32768, 32), (32768, 16)])
+
+
+@functools.cache
+def _tuned_wide(device_name: str) -> SoftmaxConfig | None:
+    """This GPU model's tuned wide-row float32 config, or None. Read once per process and
+    model: a launch must not parse a file."""
+    return tuning.tuned_config(spec.NAME, "triton", WIDE_TUNING_CANDIDATES[0],
+                               model=tuning.model_key(device_name), variant="f32-wide")
 
 
 @triton.jit
@@ -185,11 +216,15 @@ def softmax(x: torch.Tensor, *, config: SoftmaxConfig | None = None) -> torch.Te
     validation.check_torch_tensor("x", x, frameworks.TorchFramework.device())
     validation.check_config(config, SoftmaxConfig)
     validation.check_index_range("x", x)
-    config = config or default_config(x.shape[-1], x.device)
+    config = config or default_config(x.shape[-1], x.device, x.dtype)
     if x.numel() == 0:
         return x.clone()
     return _autograd().apply(x, config)
 
+
+tuning.register_tunable(spec.NAME, tuning.slot("triton", "f32-wide"), functools.partial(
+    tuning.sweep, spec.NAME, "triton", WIDE_TUNING_CANDIDATES, WIDE_TUNING_CASE,
+    variant="f32-wide", directions=("fwd", "bwd")))
 
 registry.register_implementation(registry.Implementation(
     op=spec.NAME,
