@@ -21,10 +21,13 @@ the kernel checks spent their time (kernels/testing/phases_plugin.py).
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import itertools
 import os
+import shutil
 import sys
+import tempfile
 
 from kernels.core import environment
 
@@ -55,6 +58,16 @@ TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensiv
 if not environment.nvidia_gpu_present() and os.environ.get("KERNELPERF_README_CHECK") != "1" \
         and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
+
+# The run measures this machine's ceilings (kernels/roofline/ceilings.py, $KERNELPERF_CACHE)
+# into a cache of its own, made by the first process (the controller) and inherited by its
+# workers and every process its tests start: once a run, not once per test giving its
+# commands a fresh home, and never into the user's cache (a measurement under the run's load,
+# its workers' threads limited: environment.configure). Not for the README check, whose
+# commands run as a user's do. A cache the user named is kept.
+if "KERNELPERF_CACHE" not in os.environ and os.environ.get("KERNELPERF_README_CHECK") != "1":
+    os.environ["KERNELPERF_CACHE"] = tempfile.mkdtemp(prefix="kernelperf-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["KERNELPERF_CACHE"], ignore_errors=True)
 
 import pytest  # noqa: E402
 

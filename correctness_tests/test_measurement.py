@@ -659,6 +659,46 @@ def test_the_flushes_write_the_bytes_they_are_given():
     assert written.shape == (1024,) and written.dtype == np.int32
     assert np.all(np.asarray(written) == 1)
     assert timing.jax_flush(4096)().shape == (1024,)
+    in_place = timing.jax_host_flush(4096)
+    first = in_place()
+    address = first.unsafe_buffer_pointer()
+    second = in_place()
+    assert second.shape == (1024,) and second.dtype == np.int32
+    assert second.unsafe_buffer_pointer() == address  # rewritten, not allocated again
+    assert np.all(np.asarray(second) == 2)  # both flushes wrote every element
+
+
+def test_a_cpu_jax_call_is_flushed_in_place_and_a_gpus_host_clock_by_a_fresh_write(monkeypatch):
+    """The cold host clock of JAX work on a CPU flushes through jax_host_flush (a fresh
+    buffer per sample cost 23 ms of CPU each), before every sample; a GPU without CUPTI
+    keeps jax_flush."""
+    import warnings
+
+    import jax.numpy as jnp
+
+    made = []
+
+    def recording(kind):
+        def make(nbytes, wait=True):
+            made.append((kind, nbytes))
+            return lambda: made.append((kind, "flushed"))
+        return make
+
+    monkeypatch.setattr(timing, "jax_flush", recording("fresh"))
+    monkeypatch.setattr(timing, "jax_host_flush", recording("in place"))
+    monkeypatch.setattr(timing, "_TRACED", False)
+    cpu = dataclasses.replace(fakes.gpu_fingerprint(), platform="cpu")
+    for on_gpu, device, kind in ((False, cpu, "in place"),
+                                 (True, fakes.gpu_fingerprint(l2_bytes=4096), "fresh")):
+        made.clear()
+        timeable = timing.Timeable("neg", "jax", jnp.negative, (jnp.ones(8),), on_gpu=on_gpu)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a GPU without CUPTI says so
+            sampler, method = timing.make_sampler(timeable, "cold", device)
+        sampler.take(2)
+        assert method == "host-clock", method
+        assert made == [(kind, timing.l2_bytes(device)), (kind, "flushed"), (kind, "flushed")], \
+            (on_gpu, made)
 
 
 def test_the_time_budget_follows_its_variable_and_the_platform(monkeypatch):

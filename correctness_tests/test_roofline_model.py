@@ -251,7 +251,7 @@ def test_measure_takes_the_fastest_candidate_and_derives_each_roof(monkeypatch):
 
     def fake_time(timeable, *, regime, rule, device):
         assert regime == ("hot" if "neg" in timeable.label else "cold")
-        assert (rule.min_samples, rule.time_budget_s) == (5, 1.0)
+        assert (rule.min_samples, rule.time_budget_s) == (5, 0.25)
         return timing.Measurement.from_samples(
             [medians[timeable.label]], label=timeable.label, method="host-clock",
             regime=regime, stop_reason="converged", fingerprint={})
@@ -609,3 +609,17 @@ def test_measuring_ceilings_prints_a_numbered_line_per_step_on_stderr(monkeypatc
     assert captured.err.splitlines() == ["ceilings of Test CPU: 1/3 copy 3 MiB",
                                          "ceilings of Test CPU: 2/3 matmul f32 16^3",
                                          "ceilings of Test CPU: 3/3 matmul bf16 8^3"]
+
+
+def test_a_test_run_caches_the_ceilings_it_measures_apart_from_the_users():
+    """conftest.py points the run (workers and the processes tests start inherit it) at a
+    cache of its own: ceilings measured under a test run's load never land in ~/.cache."""
+    import os
+    import pathlib
+
+    given = os.environ.get("KERNELPERF_CACHE", "")
+    if given and "kernelperf-test-cache-" not in given:
+        pytest.skip(f"KERNELPERF_CACHE={given} was set for this run: conftest keeps it")
+    path = ceilings.cache_path("cpu-model")
+    assert pathlib.Path(given).name.startswith("kernelperf-test-cache-"), given
+    assert pathlib.Path.home() not in path.parents and path.parent.parent.is_dir(), path

@@ -299,3 +299,30 @@ def test_a_multi_gpu_item_runs_under_the_lock_on_a_shared_gpu_machine(
         wrapper.send(True)
     assert stopped.value.value is True
     assert not _held_elsewhere(tmp_path)
+
+
+@pytest.mark.parametrize("workers, cores, user, expected", [
+    ("2", 2, None, "1"),  # two workers on two cores: one thread each
+    ("3", 8, None, "2"),  # the cores shared out, rounded down
+    ("4", 2, None, "1"),  # never fewer than one
+    ("2", 2, "3", "3"),  # a value the user set is kept
+    (None, 2, None, None),  # no workers (-n 0, or outside pytest): the libraries' defaults
+])
+def test_xdist_workers_share_the_cores_between_their_blas_and_openmp_threads(
+        monkeypatch, workers, cores, user, expected):
+    """NumPy's OpenBLAS and torch's OpenMP start a thread per core in every process; in xdist
+    workers each gets its share of the cores (on 2 cores two workers' threads waited on each
+    other), set by environment.configure before either library loads."""
+    if workers is None:
+        monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT", raising=False)
+    else:
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", workers)
+    monkeypatch.setattr(environment, "cpu_count", lambda: cores)
+    for variable in environment.HOST_THREAD_VARIABLES:
+        if user is None:
+            monkeypatch.delenv(variable, raising=False)
+        else:
+            monkeypatch.setenv(variable, user)
+    environment.configure()
+    assert {v: environment.os.environ.get(v) for v in environment.HOST_THREAD_VARIABLES} == \
+        dict.fromkeys(("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"), expected)

@@ -496,23 +496,23 @@ def test_nnx_train_step_sharded_matches_unsharded(mesh):
     pytest.importorskip("flax", reason="needs flax (the NNX model)")
     if meshes.unavailable_reason(mesh):
         pytest.skip(meshes.unavailable_reason(mesh))
-    from kernels.ops.transformer_block import nnx_block
+    from kernels.ops.transformer_block import _nnx_model
 
-    dims = nnx_block.BlockDims(embed=16, heads=4, head_dim=4, mlp=32)
+    dims = _nnx_model.BlockDims(embed=16, heads=4, head_dim=4, mlp=32)
     layout = meshes.make_mesh(mesh)
-    sharded = nnx_block.make_block(dims, seed=3, mesh=layout)
-    plain = nnx_block.make_block(dims, seed=3)
+    sharded = _nnx_model.make_block(dims, seed=3, mesh=layout)
+    plain = _nnx_model.make_block(dims, seed=3)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8, 8, 16), dtype=np.float32)
     target = rng.standard_normal((8, 8, 16), dtype=np.float32)
-    x_sharded = jax.device_put(x, nnx_block.RULES.sharding(layout, "batch", None, "embed"))
+    x_sharded = jax.device_put(x, _nnx_model.RULES.sharding(layout, "batch", None, "embed"))
 
     # Full float32 products on both sides (GPUs default to TF32), so that only the
     # summation order differs between the sharded and the unsharded step.
     for step in range(2):
         with jax.default_matmul_precision("highest"):
-            loss_sharded = nnx_block.train_step(sharded, x_sharded, target, 0.5)
-            loss_plain = nnx_block.train_step(plain, jnp.asarray(x), target, 0.5)
+            loss_sharded = _nnx_model.train_step(sharded, x_sharded, target, 0.5)
+            loss_plain = _nnx_model.train_step(plain, jnp.asarray(x), target, 0.5)
         checking.compare(np.asarray(loss_sharded).reshape(1), np.asarray(loss_plain).reshape(1),
                          tolerance=1e-5, name=f"loss, step {step}")
     from kernels.ops.transformer_block import spec as block_spec
@@ -521,11 +521,11 @@ def test_nnx_train_step_sharded_matches_unsharded(mesh):
         if name == "x":
             continue
         param = getattr(sharded, name)[...]
-        before = getattr(nnx_block.make_block(dims, seed=3), name)[...]
+        before = getattr(_nnx_model.make_block(dims, seed=3), name)[...]
         checking.compare(np.asarray(param), np.asarray(getattr(plain, name)[...]),
                          tolerance=1e-5, name=f"{name} after 2 steps")
         assert not np.allclose(np.asarray(param), np.asarray(before)), f"{name} did not move"
-        expected = nnx_block.RULES.sharding(layout, *logical)
+        expected = _nnx_model.RULES.sharding(layout, *logical)
         assert param.sharding.is_equivalent_to(expected, param.ndim), (name, param.sharding)
 
 

@@ -283,7 +283,7 @@ def test_cold_flush_covers_the_devices_last_level_cache(monkeypatch, device, pla
         flushes.append(nbytes)
         return lambda: None
 
-    for name in ("jax_flush", "numpy_flush", "torch_flush"):
+    for name in ("jax_flush", "jax_host_flush", "numpy_flush", "torch_flush"):
         monkeypatch.setattr(timing, name, recording_flush)
     target = fakes.gpu_fingerprint(l2_bytes=60 << 20) if platform == "gpu" else device
     cache = target.l2_bytes if platform == "gpu" else min(_largest_cpu_cache(),
@@ -585,7 +585,7 @@ def test_the_cold_flush_runs_before_every_host_clock_sample(monkeypatch, framewo
     import jax.numpy as jnp
 
     log: list = []
-    for name in ("jax_flush", "numpy_flush"):
+    for name in ("jax_flush", "jax_host_flush", "numpy_flush"):
         monkeypatch.setattr(timing, name, _counting_flush(log))
     args = (jnp.ones(2),) if framework == "jax" else (np.ones(2),)
     timeable = timing.Timeable("call", framework, lambda x: log.append(("call", x)) or x, args,
@@ -614,6 +614,8 @@ def test_jax_flushes_write_the_size_asked_and_the_host_clocks_waits(monkeypatch)
     assert len(waited) == 2 and waited[1] is writes
     assert [w.nbytes for w in writes] == [4096, 4096]
     assert [list(w.devices()) for w in writes] == [[d] for d in devices]
+    in_place = timing.jax_host_flush(4096)()  # a CPU's host clock: waits for its write too
+    assert len(waited) == 3 and in_place.nbytes == 4096
 
 
 def test_the_torch_flush_writes_its_size_on_the_gpu(monkeypatch):

@@ -41,7 +41,11 @@ def this_machine() -> Machine:
                    device_count=len(devices), compute_capability=capability)
 
 
+@functools.cache
 def module_available(name: str) -> bool:
+    # Cached: collection asks it for every (implementation, case) pair, and a module that is
+    # not imported yet (torch, which loading the registry leaves alone) is searched for on
+    # the whole path each time.
     return importlib.util.find_spec(name) is not None
 
 

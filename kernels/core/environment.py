@@ -39,7 +39,8 @@ def nvidia_gpu_count() -> int:
 
 
 def configure() -> None:
-    """Set TRITON_INTERPRET, XLA_FLAGS and JAX's allocation mode for this machine; idempotent."""
+    """Set TRITON_INTERPRET, XLA_FLAGS, JAX's allocation mode and, in an xdist worker, the
+    host libraries' threads for this machine; idempotent."""
     # torch shares the GPU with JAX throughout the suite (baselines, Triton and CUDA kernels),
     # and every xdist worker is a JAX process: JAX's default, 75% of the GPU reserved per
     # process, would starve them. A value the user set is kept.
@@ -53,7 +54,20 @@ def configure() -> None:
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} {flag}".strip()
+    # xdist workers share the cores: NumPy's OpenBLAS and torch's OpenMP would each start a
+    # thread per core in every worker, and on 2 cores two workers' threads waited on each
+    # other (a 64k-element float64 dot took 63 us with two threads, 10 us with one; the kernel
+    # checks of softmax and matmul in two processes side by side took 17% more CPU, 21% with
+    # torch's). Read when NumPy and torch load, so set before either; a value the user set is
+    # kept, and a run without workers (or outside pytest) keeps the libraries' defaults.
+    workers = xdist_workers()
+    if workers > 1:
+        for variable in HOST_THREAD_VARIABLES:
+            os.environ.setdefault(variable, str(max(1, cpu_count() // workers)))
 
+
+# The thread counts of NumPy's BLAS and of OpenMP (torch's CPU threads), per xdist worker.
+HOST_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
 
 # Names the xdist worker the perf items run on (kernels/testing/perf_phase.py sets it for the
 # workers it starts; conftest.py reads it before JAX starts, to choose that worker's allocator).

@@ -9,7 +9,10 @@ kernel, a Triton kernel, an XLA or torch baseline), with what it needs to run.
 Operations and implementations live under `kernels/ops/<operation>/`; every
 module there is imported by `load()`, so a new kernel is one file that calls
 `register_implementation` once. A module whose import fails is recorded (see
-`import_failures()`) rather than registered.
+`import_failures()`) rather than registered. A private module (`_name.py`) registers
+nothing: its operation's modules import it when they are called, so what it imports (a
+framework only one implementation uses) is not paid by every process that loads the
+registry.
 """
 
 from __future__ import annotations
@@ -367,6 +370,8 @@ def load() -> None:
     # them as plugins (the layers contract in .importlinter checks static imports).
     ops = importlib.import_module(OPS_PACKAGE)
     for module in pkgutil.walk_packages(ops.__path__, prefix=f"{OPS_PACKAGE}."):
+        if module.name.rpartition(".")[2].startswith("_"):
+            continue  # imported on use by its operation's own modules
         try:
             importlib.import_module(module.name)
         except Exception as error:  # a backend whose framework is missing is not registered
