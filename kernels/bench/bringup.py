@@ -441,11 +441,20 @@ class _Reader:
         return found
 
 
+def _interruptible() -> None:
+    """In the child before it runs: SIGINT at its default. A command started in the background
+    by a shell (`make bringup &`, nohup, CI) inherits SIGINT ignored, and Python keeps it
+    ignored: the SIGINT `_stop` sends would then wait GRACE_S for nothing (seen: 31 s for a
+    worker hung in a sleep)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _spawn(command: Sequence[str], *, cwd: pathlib.Path, log: pathlib.Path):
     output = open(log, "a")
     try:
         return subprocess.Popen(list(command), cwd=cwd, stdout=output, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=_interruptible)
     finally:
         output.close()
 
