@@ -25,15 +25,23 @@
 # so a whole bring-up is about 10 calls (~1.5 hours of device time), most of it the history.
 #
 #   STEPS="ceilings perf" bash .ci/device/bringup.sh      # call 1 (carry .whl)
-#   STEPS="perf floors tune" bash .ci/device/bringup.sh   # call 2, after unpacking call 1's
+#   STEPS="perf floors tune" bash .ci/device/bringup.sh   # call 2 (unpack call 1's here
+#                                                         # first if the machine went cold)
 #   bash .ci/device/bringup.sh                            # later calls: whatever is left
+# A clone left by an earlier call on a still-warm machine holds the latest results: it is
+# kept as it is. A new clone gets the data files as this working tree has them (earlier
+# calls' results, unpacked here), over its own.
+[ -d "${REPO:-/tmp/repo}" ] && warm_clone=1 || warm_clone=0
 source .ci/device/common.sh
 TREE=$PWD
 cd "$REPO" || exit 1
 git checkout -q "${BRANCH:-main}" || exit 1
-# The data files as this working tree has them (earlier calls' results), over the clone's.
-(cd "$TREE" && tar cf - kernels/models kernels/ops/*/tuned.json perf_tests/results/asv) \
-    | tar xf - || exit 1
+if [ "$warm_clone" = 1 ]; then  # the code as this call's bundle has it, the data kept
+    git fetch -q "$TREE/.whl/repo.bundle" "${BRANCH:-main}" && git merge -q --ff-only FETCH_HEAD
+else
+    (cd "$TREE" && tar cf - kernels/models kernels/ops/*/tuned.json perf_tests/results/asv) \
+        | tar xf - || exit 1
+fi
 model=$(python3 -c 'from kernels.core import fingerprint; print(fingerprint.identity().model)')
 stamp "bringup of $model: steps ${STEPS:-all}, deadline ${DEADLINE:-500} s"
 start=$(date +%s)
