@@ -322,3 +322,15 @@ def torch_matmul_precision(precision: str) -> Iterator[None]:
         yield
     finally:
         matmul.allow_tf32 = before
+
+
+def benchmark_off_for_xdist_only(session, config) -> bool:
+    """Whether pytest-benchmark's `session` turned itself off only because xdist is active (not
+    for the user's --benchmark-disable or --benchmark-skip). pytest-benchmark 5.3 says so in
+    `xdist_warning`; 5.2 (the GPU machine's) only sets `disabled`, so there it is read from the
+    options that would have set it otherwise."""
+    if hasattr(session, "xdist_warning"):
+        return bool(session.xdist_warning)
+    asked_off = (config.getoption("benchmark_disable", False)
+                 and not config.getoption("benchmark_enable", False))
+    return bool(session.disabled and not session.skip and not asked_off)

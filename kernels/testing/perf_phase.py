@@ -43,7 +43,7 @@ from typing import Any
 
 import pytest
 
-from kernels.core import environment
+from kernels.core import compat, environment
 
 PERF_GROUP = "kernelperf-perf"
 # The worker the perf group goes to. The controller sets the variable for its workers, which
@@ -311,9 +311,11 @@ def _record_here(config: pytest.Config) -> None:
     user's --benchmark-disable or --benchmark-skip); the controller saves, compares and
     shows the run's records, so this worker does none of that."""
     session = getattr(config, "_benchmarksession", None)
-    if session is None or not session.xdist_warning:
+    if session is None or not compat.benchmark_off_for_xdist_only(session, config):
         return
-    session.disabled = session.xdist_warning = False
+    session.disabled = False
+    if hasattr(session, "xdist_warning"):
+        session.xdist_warning = False
     session.save = session.autosave = session.json = None
     session.compare_fail = None
     session.quiet = True
