@@ -534,7 +534,7 @@ def test_a_second_bring_up_refines_and_keeps_a_floor_that_would_go_down(tmp_path
     clock = fakes.Clock()
     first = _context(tmp_path, data_root, _Workers(clock, _values(), ceiling=H200_CEILING),
                      clock)
-    assert bringup.run(first, list(bringup.STEPS[:3]))
+    assert bringup.run(first, ["ceilings", "perf", "floors"])
     written = (data_root / "nvidia-h200" / "floors.json").read_text()
     # Every step of the session is done once the rest are: mark them so, as a full run would.
     state = modeldata.read("nvidia-h200", modeldata.BRINGUP, data_root)
@@ -665,6 +665,16 @@ def test_tune_and_noise_record_what_each_worker_finished_and_go_on_after_a_cut(t
                                  "benchmarks.Softmax.time_device(a)": 0.02}
     assert shipped["learned"]["benchmarks.Softmax.time_device(a)"]["commit"] == "c0ffee"
     assert not (data_root / H100_KEY / "noise-floors.json").exists()
+
+
+def test_the_tune_runs_before_the_perf_runs_so_the_floors_measure_the_configs_that_ship(
+        tmp_path, data_root):
+    clock = fakes.Clock()
+    workers = _StepWorkers(clock, _values())
+    ctx = _context(tmp_path, data_root, workers, clock)
+    assert bringup.run(ctx, ["perf", "floors", "tune"]) is True  # asked in any order
+    kinds = [c[c.index("--worker") + 1] for c in workers.commands]
+    assert kinds == ["tune", "perf", "perf"]
 
 
 def _result(root: pathlib.Path, machine: str, commit: str, classes: list[str]) -> None:

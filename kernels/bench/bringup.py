@@ -7,13 +7,14 @@ kernels.core.modeldata) and the files beside the code that have a model's key al
 
   ceilings  the measured ceilings (a large copy, a large product per dtype) by the suite's
             clock (kernels.roofline.ceilings.measured), stored as `ceilings.json`
+  tune      every tunable kernel (kernels.core.tuning) timed over its grid, the best config
+            recorded under the model's key in kernels/ops/<op>/tuned.json (before perf, so that
+            the floors measure the configs that ship)
   perf      every perf item (kernels.bench.perfcheck.perf_items) measured alone on the
             device in `runs` fresh processes, the kernel and its baselines interleaved in
             rounds (perfcheck.interleave); each item's rounds recorded as it finishes
   floors    each perf item's floor from its measured values (`derive`), written into
             `floors.json` (`decide`: a floor never goes down unless asked, `--allow-loosen`)
-  tune      every tunable kernel (kernels.core.tuning) timed over its grid, the best config
-            recorded under the model's key in kernels/ops/<op>/tuned.json
   noise     asv's run-to-run shift of each time_ benchmark (`kernels noise-floor`), one
             benchmark class at a time, stored as `noise-floors.json`, which the gate reads
             where a machine of this model has learned none (asv_tools.load_floors)
@@ -54,8 +55,11 @@ from kernels.core import fingerprint, modeldata, vcs
 from kernels.core.tables import table
 from kernels.roofline import floors
 
-STEPS = ("ceilings", "perf", "floors", "tune", "noise", "history")
-GPU_STEPS = ("ceilings", "perf", "tune", "noise", "history")
+# tune before perf: the floors are measured with the configs that ship. (The H200's first
+# bring-up tuned after measuring, and its new Pallas-Triton bf16 tiles, best on the 8192^3
+# tune case, ran the 4097x4095x4100 perf item 14% under the floor measured before them.)
+STEPS = ("ceilings", "tune", "perf", "floors", "noise", "history")
+GPU_STEPS = ("ceilings", "tune", "perf", "noise", "history")
 
 # -- floors from measurements -------------------------------------------------------------------
 

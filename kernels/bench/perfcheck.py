@@ -164,12 +164,15 @@ class PerfSession:
 
         A call that raises here is left for its measurement, which runs it again with the
         device to itself and reports what it raises then (a warm-up beside other workers can
-        run out of memory where the measurement would not).
+        run out of memory where the measurement would not). An implementation that
+        `autotunes` is left for its measurement too: beside other workers its autotuner would
+        time its candidates contended and keep a slower choice (Triton's bf16 8192^3 matmul
+        ran 7% slower in the H200's `pytest -m gpu` than alone, 2026-12-02).
         """
         ran = 0
         for peer in (impl, *baselines_for(impl, case, direction)):
             key = (peer.id, case.id, direction)
-            if key in self._warmed or key in self._measurements:
+            if peer.autotunes or key in self._warmed or key in self._measurements:
                 continue
             self._warmed.add(key)
             try:

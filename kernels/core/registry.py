@@ -251,6 +251,11 @@ class Implementation:
     precision: what its matrix products multiply float32 inputs in, per platform
         (precisions.DotPrecision); required where the operation has `dots`, None where it
         has none (float32 is then computed in FP32). See `precision_on`.
+    autotunes: its first call on a shape picks a config by timing candidates on the device
+        (Triton's autotuner; XLA's GEMM autotuner for the dots it compiles), and later calls
+        run that choice: a first call beside other work on the device picks by contended
+        timings (the perf phase warms such an implementation up only once it has the device
+        to itself, kernels.bench.perfcheck.PerfSession.warm_up).
     """
 
     op: str
@@ -265,6 +270,7 @@ class Implementation:
     description: str = ""
     hlo: HloExpectation | None = None
     precision: precisions.DotPrecision | None = None
+    autotunes: bool = False
 
     def __post_init__(self) -> None:
         if self.precision is not None and not isinstance(self.precision,

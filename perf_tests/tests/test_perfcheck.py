@@ -289,9 +289,9 @@ def test_floors_are_judged_under_xdist_workers_only_with_the_device_alone(monkey
 # The run's last line on its perf items
 
 def test_a_gpu_model_without_floors_is_a_finding_naming_it_and_the_bring_up():
-    line = perfcheck.finding(device_name="NVIDIA H200", platform="gpu", has_floors=False,
+    line = perfcheck.finding(device_name="NVIDIA B200", platform="gpu", has_floors=False,
                              statuses={"skipped": 88})
-    assert line == ("kernelperf: no performance floors for GPU model 'NVIDIA H200': 88 perf "
+    assert line == ("kernelperf: no performance floors for GPU model 'NVIDIA B200': 88 perf "
                     "items recorded, not judged; bring it up with `python -m kernels bringup` "
                     "or `make bringup`")
 
@@ -332,11 +332,11 @@ class _Terminal:
         self.lines.append(line)
 
 
-@pytest.mark.parametrize("device_name, has_floors", [("NVIDIA H200", False), (H100, True)])
+@pytest.mark.parametrize("device_name, has_floors", [("NVIDIA B200", False), (H100, True)])
 def test_the_run_ends_with_its_finding_after_the_floor_table(device_name, has_floors):
     """What a run prints last about its perf items, from the rows its items (or the perf
-    worker, shipped) reported: on a model without floors (the H200), the finding naming it
-    and the bring-up command; the H100's floors judge the H100 only."""
+    worker, shipped) reported: on a model without floors (a B200: none brought up), the
+    finding naming it and the bring-up command; the H100's floors judge the H100 only."""
     assert (floors.table(device_name) is not None) is has_floors
     module = _perf_conftest()
     config = pytest.Config.__new__(pytest.Config)  # a stash is all the hooks read here
@@ -358,7 +358,7 @@ def test_the_run_ends_with_its_finding_after_the_floor_table(device_name, has_fl
                                       f"{H100!r}: 1 passed")
     else:
         assert terminal.lines[-1] == ("kernelperf: no performance floors for GPU model "
-                                      "'NVIDIA H200': 1 perf items recorded, not judged; bring "
+                                      "'NVIDIA B200': 1 perf items recorded, not judged; bring "
                                       "it up with `python -m kernels bringup` or `make bringup`")
 
 
@@ -856,3 +856,31 @@ def test_a_wrong_recording_names_the_median_of_what_was_recorded():
         warnings.simplefilter("error")
         with pytest.raises(AssertionError, match=r"recorded 0 durations \(median nan s\)"):
             perfcheck.record(_Benchmark(keep=lambda d: []), measured, {})
+
+
+# The warm-up beside other workers (the perf phase)
+
+def test_the_warm_up_leaves_autotuning_implementations_for_their_measurement(monkeypatch):
+    """An autotuner timing its candidates beside other workers keeps a contended choice for
+    the whole run: those implementations (registry.Implementation.autotunes) warm up in
+    their measurement, with the device to themselves; the others now."""
+    op = registry.operation("matmul")
+    case = op.case("f32-129x130x257")
+    triton, xla, torch = (registry.implementation("matmul", name)
+                          for name in ("triton", "xla", "torch"))
+    assert triton.autotunes and xla.autotunes and not torch.autotunes
+    pallas = registry.implementation("matmul", "pallas_triton")
+    assert not pallas.autotunes
+    prepared = []
+
+    class Sampler:
+        def take(self, count):
+            assert count == 1
+
+    monkeypatch.setattr(perfcheck, "baselines_for", lambda impl, case, direction: [xla, torch])
+    monkeypatch.setattr(timing, "prepare", lambda impl, case, **_: prepared.append(impl.name))
+    monkeypatch.setattr(timing, "make_sampler", lambda timeable, regime, device: (Sampler(), 0))
+    session = perfcheck.PerfSession(_device(), timing.StoppingRule(time_budget_s=0.1))
+    assert session.warm_up(triton, case, "fwd") == 1
+    assert session.warm_up(pallas, case, "fwd") == 1  # torch was warmed up already
+    assert prepared == ["torch", "pallas_triton"]

@@ -38,4 +38,5 @@ registry.register_implementation(registry.Implementation(
     op=spec.NAME, name="xla", fn=attention, baseline=True, supports=supports,
     description='jax.nn.dot_product_attention(implementation="xla")',
     precision=precisions.EVERYWHERE_FP32,  # default_matmul_precision("highest") for f32
+    autotunes=True,  # its dots go through XLA:GPU's GEMM autotuner
 ))

@@ -263,6 +263,7 @@ registry.register_implementation(registry.Implementation(
     # tl.dot(input_precision="tf32") below; Triton's interpreter multiplies in NumPy
     # float32 whatever input_precision says (triton/runtime/interpreter.py, create_dot).
     precision=precisions.TF32_ON_GPU,
+    autotunes=True,  # triton.autotune over _configs() at the first call per (M, N, K)
     framework="torch",
     requires=registry.Requirements(modules=("torch", "triton")),
     description="Triton: tiled, grouped tile order, f32 accumulation, autotuned on (M, N, K); "

@@ -19,6 +19,7 @@ registry.register_implementation(registry.Implementation(
     # XLA's default dot precision: TF32 for float32 on an Ampere+ GPU (JAX's "Matmul
     # precision" notes), FP32 on XLA:CPU.
     precision=precisions.TF32_ON_GPU,
+    autotunes=True,  # XLA:GPU times cuBLAS algorithms and Triton GEMM tilings as it compiles
     # On GPU one cuBLAS call or one Triton GEMM fusion (XLA's autotuner picks), so the
     # custom calls are not pinned; for awkward shapes a split-K Triton GEMM adds a padding
     # fusion per operand and the reduction of the partial products (4 fusions for

@@ -22,4 +22,5 @@ registry.register_implementation(registry.Implementation(
     op=spec.NAME, name="xla", fn=mlp, baseline=True,
     description="lax.scan over layers, XLA; the backward keeps every activation",
     precision=precisions.TF32_ON_GPU,  # XLA's default dots
+    autotunes=True,  # its dots go through XLA:GPU's GEMM autotuner
 ))

@@ -41,4 +41,5 @@ registry.register_implementation(registry.Implementation(
     op=spec.NAME, name="xla_remat", fn=mlp,
     description="lax.scan over layers with jax.checkpoint per layer: less memory, more FLOPs",
     precision=precisions.TF32_ON_GPU,  # XLA's default dots
+    autotunes=True,  # its dots go through XLA:GPU's GEMM autotuner
 ))
