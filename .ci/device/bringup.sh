@@ -10,23 +10,14 @@
 #   bringup.log        the command's output; .bringup/ (journals, worker logs) in bringup-logs.tgz
 # The command's exit status is printed: 75 means "not finished, call again", 0 done.
 #
-# Wall time per step on one H200, estimated from an H100's numbers (README: 90 perf items took
-# 336 s cold, 188 s warm, kernels' baselines timed once per case; NOTES.md: asv's Softmax and
-# RowSum 70 s a commit, the whole A/A gate 408-500 s for two commits):
-#   ceilings   ~1 min (a copy and four products, a few seconds of samples each, compiles)
-#   perf       ~8-9 min a run cold, ~6 warm (the kernel and its baselines interleaved for each
-#              of ~90 items: ~3.5 s of samples an item, baselines prepared again per item):
-#              one call per run, so 2 calls for the default 2 runs
-#   floors     seconds (no GPU)
-#   tune       ~3-5 min (19 configs of three kernels, each compiled and timed)
-#   noise      ~6-8 min (every class's time_ benchmarks, 2 asv runs each)
-#   history    ~3-4 min a commit (a build, then every operation's time_device): 12 commits in
-#              ~5 calls
-# so a whole bring-up is about 10 calls (~1.5 hours of device time), most of it the history.
+# Wall time per step on one H200, measured 2026-12-02 (docs/bringup.md, "How long it takes"):
+# ceilings 12 s, tune 94 s, perf 366 s (run 1, cold caches) + 288 s (run 2), floors under a second;
+# noise (~6-8 min) and history (~3-4 min a commit, 12 commits in ~5 calls) not run yet. So a
+# whole bring-up is about 8 calls (~1.2 hours of device time), most of it the history.
 #
-#   STEPS="ceilings perf" bash .ci/device/bringup.sh      # call 1 (carry .whl)
-#   STEPS="perf floors tune" bash .ci/device/bringup.sh   # call 2 (unpack call 1's here
-#                                                         # first if the machine went cold)
+#   STEPS="ceilings tune perf floors" bash .ci/device/bringup.sh   # call 1 (carry .whl)
+#   STEPS="perf floors" bash .ci/device/bringup.sh     # call 2 (unpack call 1's here first
+#                                                      # if the machine went cold)
 #   bash .ci/device/bringup.sh                            # later calls: whatever is left
 # A clone left by an earlier call on a still-warm machine holds the latest results: it is
 # kept as it is. A new clone gets the data files as this working tree has them (earlier
