@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import pathlib
+import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -247,6 +250,110 @@ def test_a_change_exactly_at_the_bar_is_not_beyond_it():
     assert not confirm.decide((1.005,), gap=0.01, rounds=3).confirmed  # and when settling
     # every round beyond half the gap, the mean exactly at it (2.0 = 1 + 1.0)
     assert not confirm.decide((2.0, 2.0, 2.0), gap=1.0, rounds=3).confirmed
+
+
+# -- the SM clock in a round (confirm.clock_factor, from the samples' "clocks")
+
+def _clocked(medians: dict[str, list[float]], mhz: dict[str, float]):
+    """measure(...) as _recording, each record's samples read at its commit's SM clock."""
+    calls = []
+
+    def measure(commit, keys, index):
+        calls.append(commit)
+        value = medians[commit][sum(c == commit for c in calls) - 1]
+        return {key: {"event": "done", "samples": [value] * 10, "clocks": [mhz[commit]] * 10}
+                for key in keys}
+    return measure, calls
+
+
+@pytest.mark.parametrize(("verdict", "head", "mhz"), [
+    ("slower", 1.05, {BASE: 1980.0, HEAD: 1860.0}),  # the head throttled 6%: 1.05 / 1.065
+    ("faster", 0.95, {BASE: 1860.0, HEAD: 1980.0}),  # the base throttled: the other way
+])
+def test_a_change_its_clocks_explain_settles_in_the_first_round(verdict, head, mhz):
+    """In cycles the round reads the same (under half the gap), so the row is measured no
+    more and is not confirmed; without the clocks it would read 5% and be measured again."""
+    lines = []
+    measure, calls = _clocked({BASE: [1.0] * 3, HEAD: [head] * 3}, mhz)
+    out = _confirm([_row(verdict)], measure, log=lines.append)
+    assert calls == [BASE, HEAD] and out[0].verdict == "same (not confirmed)"
+    assert "counted as 0.98" in out[0].confirmed
+    assert any("by round 1: no more rounds" in line for line in lines)
+
+
+def test_a_clock_gap_at_the_tolerance_explains_nothing():
+    at = 1 + confirm.CLOCK_TOLERANCE
+    assert confirm.clock_factor({"clocks": [100.0 * at]}, {"clocks": [100.0]}) == 1.0
+    assert confirm.clock_factor({"clocks": [100.0 * at * 1.001]}, {"clocks": [100.0]}) > at
+
+
+def test_a_clocked_decision_shows_its_ratios_then_each_clocked_round():
+    done = confirm.decide((1.05, 1.02), gap=0.01, rounds=2, factors=(1.05,))
+    assert done.text == ("1.050 1.020 [round 1 counted as 1.000 in cycles (clocks 5% apart)] "
+                         "(mean 1.010)")
+    two = confirm.decide((1.05, 1.06), gap=0.01, rounds=2, factors=(1.05, 1.03))
+    assert two.text.startswith("1.050 1.060 [round 1 counted as 1.000 in cycles (clocks 5% "
+                               "apart); round 2 counted as 1.029 in cycles (clocks 3% apart)]")
+    with pytest.raises(ValueError):  # a factor for a round that has no ratio
+        confirm.decide((1.05,), gap=0.01, rounds=2, factors=(1.05, 1.0))
+
+
+def test_the_default_measure_is_a_pool_of_live_workers_under_the_confirm_folder(monkeypatch,
+                                                                               tmp_path):
+    """Without `measure`: one Pool for both commits, journals in a dated folder under
+    confirm_dir()/journals, the log and every key passed on, closed at the end."""
+    made = []
+
+    class FakePool:
+        def __init__(self, root, *, keys, log):
+            self.root, self.keys, self.log, self.closed = root, keys, log, False
+            made.append(self)
+
+        def measure(self, commit, keys, index):
+            value = 1.02 if commit == HEAD else 1.0
+            return {key: {"event": "done", "samples": [value] * 10} for key in keys}
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setenv(confirm.ROOT_VARIABLE, str(tmp_path))
+    monkeypatch.setattr(confirm, "Pool", FakePool)
+    lines = []
+    log = lines.append
+    out = confirm.confirm([_row("slower")], BASE, HEAD, rounds=3, log=log)
+    assert out[0].verdict == "slower" and len(made) == 1
+    pool = made[0]
+    assert pool.closed and pool.log is log
+    assert pool.keys == {BASE: [KEY], HEAD: [KEY]}
+    assert pool.root.parent == confirm.confirm_dir() / "journals"
+    assert re.fullmatch(r"\d{8}-\d{6}", pool.root.name), pool.root.name
+    assert lines[-1].startswith("confirmation took") and lines[-1].endswith(
+        ": 6 measurement(s) now")
+
+
+def test_a_pools_worker_runs_the_commits_tree_with_this_interpreter(monkeypatch, tmp_path):
+    from perf_tests import measuring
+
+    made = {}
+
+    class FakeWorker:
+        def __init__(self, name, root, keys, **options):
+            made.update(name=name, root=root, keys=keys, **options)
+
+    monkeypatch.setattr(measuring, "LiveWorker", FakeWorker)
+    monkeypatch.setattr(confirm, "source_tree", lambda commit: tmp_path / "tree")
+    spawn, command = object(), ["python", "w.py"]
+    pool = confirm.Pool(tmp_path / "j", keys={HEAD: [KEY]}, dashboard=True, log=print,
+                        spawn=spawn, worker_command=command)
+    assert pool.worker(HEAD) is pool.worker(HEAD)  # made once
+    assert made["name"] == HEAD[:8] and made["root"] == tmp_path / "j" / HEAD[:12]
+    assert made["keys"] == [KEY] and made["python"] == sys.executable
+    assert made["dashboard"] is True and made["log"] is print and made["spawn"] is spawn
+    assert made["worker_command"] == command
+    assert made["env"]["PYTHONPATH"].split(os.pathsep)[0] == str(
+        (tmp_path / "tree").resolve())
+    confirm.Pool(tmp_path / "k", keys={HEAD: [KEY]}).worker(HEAD)
+    assert made["dashboard"] is False  # the gate's rounds time the kernel, no dashboard extras
 
 
 def test_commit_trees_go_beside_asvs_own_folders_by_default(monkeypatch):
