@@ -219,10 +219,13 @@ def test_a_confirmations_rounds_are_a_column_of_their_own_and_its_share_is_said(
     text = found.render(wall_s=20.0)
     head, columns = text.splitlines()[:2]
     assert columns.split() == ["phase", "first", "pass", "confirmation", "seconds", "share"]
-    assert head.endswith("; confirmation: 2 round(s) of one parameter set on one commit, "
-                         "6.0 s (30%)")
+    assert head == ("where the time went: 1 parameter sets measured, 0 failed, by 2 worker "
+                    "process(es), 10 samples each (median; 10-10); confirmation: 2 round(s) of "
+                    "one parameter set on one commit, 6.0 s (30%)")
     rows = _table(text)
     assert rows[breakdown.LABELS["sampling"]] == ["0.5", "1.5", "2.0", "10%"]
+    assert rows[breakdown.LABELS["compile"]] == ["3.0", "0.0", "3.0", "15%"]  # first pass only
+    assert rows[breakdown.OUTSIDE_ASV] == ["-", "-", "6.5", "32%"]  # no pass has it
     assert rows[breakdown.LABELS["process"]] == ["1.5", "1.5", "3.0", "15%"]
     assert rows["total (wall)"] == ["7.5", "6.0", "20.0", "100%"]
     # without any round: the table as it always was
@@ -243,3 +246,51 @@ def test_a_measured_outside_share_and_the_workers_overlap_keep_the_sum_at_the_wa
     rows = _table(found.render(10.0, "the gate's own work", outside_s=1.0))
     assert rows[breakdown.OVERLAP] == ["-4.0", "-40%"]  # the two workers started at once
     assert breakdown.OVERLAP not in _table(found.render(14.0, "x", outside_s=1.0))
+
+
+def test_compiles_ahead_and_added_phases_go_in_their_passs_column():
+    found = breakdown.Breakdown()
+    found.add([WORKER, _done("a", 10, sampling=1.0),
+               {"event": "ahead-done", "seconds": 2.0, "pass": "confirm"},
+               {**_done("a", 10, sampling=1.0), "pass": "confirm"}])
+    found.add_phase("discovery", "commits' files", 0.5, "confirm")
+    rows = _table(found.render(wall_s=10.0))
+    assert rows[breakdown.LABELS["ahead"]] == ["0.0", "2.0", "2.0", "20%"]
+    assert rows["commits' files"] == ["0.0", "0.5", "0.5", "5%"]
+
+
+def test_confirmation_rounds_without_a_wall_time_or_seconds_have_no_share():
+    found = breakdown.Breakdown()
+    found.add([{**_done("a", 10), "pass": "confirm"}])
+    assert found.render(wall_s=None).splitlines()[0].endswith(
+        "; confirmation: 1 round(s) of one parameter set on one commit, 0.0 s")
+
+
+@pytest.mark.parametrize(("wall", "row"), [
+    (14.5, ["-", "-", "0.5", "3%"]),  # half a second between the phases: shown
+    (14.04, None),  # under a tenth of a second: rounding, not a phase
+])
+def test_the_overlap_row_shows_only_a_tenth_of_a_second_or_more(wall, row):
+    found = breakdown.Breakdown()
+    found.add([WORKER, WORKER, _done("a", 10, compile=3.0),  # 13 s, 2 of them confirmation's
+               {**_done("a", 10, sampling=2.0), "pass": "confirm"}])
+    rows = _table(found.render(wall, "x", outside_s=1.0))  # 14 = 1 outside + 13 accounted
+    found_row = rows.get(breakdown.BETWEEN)
+    assert found_row == row and breakdown.OVERLAP not in rows
+
+
+def test_the_report_reads_the_confirmations_journals_written_since_it_began(tmp_path,
+                                                                           monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "asv.conf.json").write_text(json.dumps({"env_dir": "envs"}))
+    rounds = tmp_path / "confirm" / "c0ffee" / "rounds"
+    rounds.mkdir(parents=True)
+    new, old = rounds / "softmax.jsonl", rounds / "matmul.jsonl"
+    new.write_text(json.dumps({**_done("k", 5, sampling=4.0), "pass": "confirm"}) + "\n")
+    old.write_text(json.dumps({**_done("k", 5, sampling=100.0), "pass": "confirm"}) + "\n")
+    (rounds / "notes.txt").write_text("not a journal")
+    os.utime(new, (2000, 2000))  # written the instant the run began: counts
+    os.utime(old, (1999, 1999))
+    text = breakdown.report(since=2000, wall_s=8.0, also=[tmp_path / "confirm"])
+    assert text.splitlines()[0].endswith("one parameter set on one commit, 4.0 s (50%)")
+    assert breakdown.report(since=2000, wall_s=8.0) is None  # asv's own journals: none

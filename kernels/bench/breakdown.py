@@ -81,7 +81,7 @@ class Breakdown:
         self.labels[name] = label
         self._add(name, seconds, which)
 
-    def _add(self, name: str, seconds: float | None, which: str = "first") -> None:
+    def _add(self, name: str, seconds: float | None, which: str) -> None:
         self.seconds[name] = self.seconds.get(name, 0.0) + (seconds or 0.0)
         phases = self.by_pass.setdefault(which, {})
         phases[name] = phases.get(name, 0.0) + (seconds or 0.0)

@@ -497,12 +497,21 @@ EQUIVALENT: dict[str, str] = {
        "git archive's check and tar's back each other up: with either off, a failed archive "
        "still raises CalledProcessError (tar refuses the empty input; git fails before tar)"
        for n in (26, 29, 37, 41, 44, 52)},
+    # gate-breakdown, renumbered 2026-12-02 after the confirmation column
     **{f"kernels.bench.breakdown.xǁBreakdownǁadd__mutmut_{n}":
        "a missing time read as None, not 0.0: _add counts None as 0.0"
-       for n in (18, 20, 31, 33, 47, 49, 65, 67)},
+       for n in (27, 29, 42, 44, 60, 62, 86, 88)},
     **{f"kernels.bench.breakdown.xǁBreakdownǁrender__mutmut_{n}":
        "seconds.get's default: only phases in seconds are rendered, so it is never read"
-       for n in (33, 35, 36, 41, 43, 44)},
+       for n in (52, 54, 55, 60, 62, 63)},
+    **{f"kernels.bench.breakdown.xǁBreakdownǁrender__mutmut_{n}":
+       "by_pass.get's default: the passes drawn are by_pass's own keys, so it is never read"
+       for n in (28, 30, 99, 101)},
+    **{f"kernels.bench.breakdown.xǁBreakdownǁrender__mutmut_{n}":
+       "by_pass.get('confirm')'s default: a round counted has added its phases to that pass"
+       for n in (114, 116)},
+    "kernels.bench.breakdown.xǁBreakdownǁrender__mutmut_82":
+        "overlap <= 0 for < 0: an overlap of 0 rounds to 0.0 and draws no row at all",
     # isolation, reviewed 2026-11-27 (fourth session)
     **{f"kernels.testing.isolation.x__one_line__mutmut_{n}":
        "next's default dropped or None: the text starts with the exception's type name, so "
