@@ -124,10 +124,14 @@ TARGETS = (
                       "test_a_perf_session_measures_an_item_interleaved_once")))),
     # Forked from mutmut's own process (a tenth of a second a mutant, against the fork
     # server's half): none of its tests compiles a JAX program.
+    # The regressions page's thresholds (asv_tools.regression_thresholds, 2026-12-01) are
+    # tested beside the dashboard: that one test, not the pages it opens in a browser.
     Target(name="asv-verdicts", modules=("kernels/bench/asv_tools.py",),
            tests=("correctness_tests/test_asv_tools.py", "correctness_tests/test_asv_verdicts.py",
                   "correctness_tests/test_asv_results.py", "correctness_tests/test_job_summary.py",
-                  "-k", "not machine"), isolation="fork"),
+                  "correctness_tests/test_dashboard.py", "-k",
+                  "not machine and (not test_dashboard or regression_thresholds)"),
+           isolation="fork"),
     # test_cli_errors.py builds every parser in most of its 73 tests (7 s a mutant here): the
     # defaults' own tests alone keep this target to minutes.
     Target(name="cli-defaults", modules=("kernels/cli/*.py",),
