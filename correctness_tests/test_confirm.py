@@ -81,9 +81,10 @@ def test_rows_name_their_operation_by_the_benchmark_class():
 BASE, HEAD = "b" * 40, "c" * 40  # full hashes, as `kernels bench` passes them
 
 
-def _recording(medians: dict[str, list[float]], fail: set[tuple[str, int]] = frozenset()):
+def _recording(medians: dict[str, list[float]], fail: set[tuple[str, int]] = frozenset(),
+               mhz: dict[str, float] | None = None):
     """measure(...) as _fake, also recording each call's journal; a (commit, round) in `fail`
-    has its key's measurement fail."""
+    has its key's measurement fail; with `mhz`, each commit's samples ran at that SM clock."""
     calls = []
 
     def measure(commit, keys, index):
@@ -92,7 +93,8 @@ def _recording(medians: dict[str, list[float]], fail: set[tuple[str, int]] = fro
         if (commit, index) in fail:
             return {key: {"event": "failed", "reason": "worker killed by SIGSEGV"}
                     for key in keys}
-        return {key: {"event": "done", "samples": [medians[commit][index]] * 10}
+        clocks = {"clocks": [mhz[commit]] * 10} if mhz else {}
+        return {key: {"event": "done", "samples": [medians[commit][index]] * 10, **clocks}
                 for key in keys}
     return measure, calls
 
@@ -254,18 +256,6 @@ def test_a_change_exactly_at_the_bar_is_not_beyond_it():
 
 # -- the SM clock in a round (confirm.clock_factor, from the samples' "clocks")
 
-def _clocked(medians: dict[str, list[float]], mhz: dict[str, float]):
-    """measure(...) as _recording, each record's samples read at its commit's SM clock."""
-    calls = []
-
-    def measure(commit, keys, index):
-        calls.append(commit)
-        value = medians[commit][sum(c == commit for c in calls) - 1]
-        return {key: {"event": "done", "samples": [value] * 10, "clocks": [mhz[commit]] * 10}
-                for key in keys}
-    return measure, calls
-
-
 @pytest.mark.parametrize(("verdict", "head", "mhz"), [
     ("slower", 1.05, {BASE: 1980.0, HEAD: 1860.0}),  # the head throttled 6%: 1.05 / 1.065
     ("faster", 0.95, {BASE: 1860.0, HEAD: 1980.0}),  # the base throttled: the other way
@@ -274,9 +264,10 @@ def test_a_change_its_clocks_explain_settles_in_the_first_round(verdict, head, m
     """In cycles the round reads the same (under half the gap), so the row is measured no
     more and is not confirmed; without the clocks it would read 5% and be measured again."""
     lines = []
-    measure, calls = _clocked({BASE: [1.0] * 3, HEAD: [head] * 3}, mhz)
+    measure, calls = _recording({BASE: [1.0] * 3, HEAD: [head] * 3}, mhz=mhz)
     out = _confirm([_row(verdict)], measure, log=lines.append)
-    assert calls == [BASE, HEAD] and out[0].verdict == "same (not confirmed)"
+    assert [commit for commit, _ in calls] == [BASE, HEAD]
+    assert out[0].verdict == "same (not confirmed)"
     assert "counted as 0.98" in out[0].confirmed
     assert any("by round 1: no more rounds" in line for line in lines)
 

@@ -389,14 +389,10 @@ def test_a_shipped_record_is_the_same_record_in_the_controller():
     assert again.fullname == record["fullname"] and bool(again)
 
 
-class _Options:
-    """A pytest config's getoption over a dict, for pytest-benchmark's options."""
-
-    def __init__(self, **options):
-        self.options = options
-
-    def getoption(self, name, default=None):
-        return self.options.get(name, default)
+def _with_options(session, **options):
+    """A pytest config holding pytest-benchmark's `session`, its getoption over `options`."""
+    return types.SimpleNamespace(_benchmarksession=session,
+                                 getoption=lambda name, default=None: options.get(name, default))
 
 
 # pytest-benchmark 5.3 (this machine's) says in `xdist_warning` that xdist turned it off; 5.2.3
@@ -412,19 +408,17 @@ def test_a_worker_records_again_where_only_xdist_turned_benchmarks_off(version):
         return types.SimpleNamespace(**fields)
 
     off_by_xdist = session(disabled=True)
-    perf_phase._record_here(types.SimpleNamespace(_benchmarksession=off_by_xdist,
-                                                  getoption=_Options().getoption))
+    perf_phase._record_here(_with_options(off_by_xdist))
     assert not off_by_xdist.disabled and off_by_xdist.quiet
     assert off_by_xdist.save is off_by_xdist.json is off_by_xdist.compare_fail is None
     # --benchmark-disable, --benchmark-skip: the user's choice stands (5.2 sets `disabled` for
     # either, as xdist does)
-    for options in (_Options(benchmark_disable=True), _Options(benchmark_skip=True)):
-        skip = options.getoption("benchmark_skip", False)
+    for options in ({"benchmark_disable": True}, {"benchmark_skip": True}):
+        skip = options.get("benchmark_skip", False)
         kept = session(disabled=version == "5.2" or not skip, skip=skip, warned=False)
         before = dict(vars(kept))
-        perf_phase._record_here(types.SimpleNamespace(_benchmarksession=kept,
-                                                      getoption=options.getoption))
-        assert vars(kept) == before, (version, options.options)
+        perf_phase._record_here(_with_options(kept, **options))
+        assert vars(kept) == before, (version, options)
 
 
 def test_the_phase_line_names_the_serial_share_and_the_wait():

@@ -56,8 +56,9 @@ from kernels.core.tables import table
 from kernels.roofline import floors
 
 # tune before perf: the floors are measured with the configs that ship. (The H200's first
-# bring-up tuned after measuring, and its new Pallas-Triton bf16 tiles, best on the 8192^3
-# tune case, ran the 4097x4095x4100 perf item 14% under the floor measured before them.)
+# bring-up tuned after measuring; with its new Pallas-Triton bf16 tiles, best on the 8192^3
+# tune case, the 4097x4095x4100 perf item read 1.016x XLA, where the runs before the tune
+# had read 1.173-1.178x and written a floor of 1.13.)
 STEPS = ("ceilings", "tune", "perf", "floors", "noise", "history")
 GPU_STEPS = ("ceilings", "tune", "perf", "noise", "history")
 

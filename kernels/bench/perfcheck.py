@@ -167,7 +167,8 @@ class PerfSession:
         run out of memory where the measurement would not). An implementation that
         `autotunes` is left for its measurement too: beside other workers its autotuner would
         time its candidates contended and keep a slower choice (Triton's bf16 8192^3 matmul
-        ran 7% slower in the H200's `pytest -m gpu` than alone, 2026-12-02).
+        read 0.842x XLA in the H200's `pytest -m gpu`, where the bring-up's runs, which warm
+        nothing beside other work, read 0.897-0.901x: 2026-12-02).
         """
         ran = 0
         for peer in (impl, *baselines_for(impl, case, direction)):

@@ -313,9 +313,7 @@ def _record_here(config: pytest.Config) -> None:
     session = getattr(config, "_benchmarksession", None)
     if session is None or not compat.benchmark_off_for_xdist_only(session, config):
         return
-    session.disabled = False
-    if hasattr(session, "xdist_warning"):
-        session.xdist_warning = False
+    session.disabled = session.xdist_warning = False  # (5.2 has no xdist_warning: unread)
     session.save = session.autosave = session.json = None
     session.compare_fail = None
     session.quiet = True

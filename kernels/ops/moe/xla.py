@@ -50,4 +50,5 @@ registry.register_implementation(registry.Implementation(
     description="dense GShard einsums, with_sharding_constraint, XLA SPMD partitioning",
     # XLA's default dots for the tokens' products (the router's logits are HIGHEST).
     precision=precisions.TF32_ON_GPU,
+    autotunes=True,  # its dots go through XLA:GPU's GEMM autotuner
 ))

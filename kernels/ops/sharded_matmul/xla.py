@@ -47,4 +47,5 @@ registry.register_implementation(registry.Implementation(
     prepare=spec.prepare, requires=registry.Requirements(devices=2),
     description="jnp.matmul partitioned by XLA's SPMD partitioner (NamedSharding in/out)",
     precision=precisions.TF32_ON_GPU,  # XLA's default dots
+    autotunes=True,  # its dots go through XLA:GPU's GEMM autotuner
 ))

@@ -35,4 +35,5 @@ registry.register_implementation(registry.Implementation(
     prepare=spec.prepare, requires=registry.Requirements(devices=2),
     description="batched einsum + softmax, jit with NamedSharding in and out",
     precision=precisions.TF32_ON_GPU,  # XLA's default dot (bf16 cases: exact products)
+    autotunes=True,  # its dots go through XLA:GPU's GEMM autotuner
 ))

@@ -48,4 +48,5 @@ registry.register_implementation(registry.Implementation(
     requires=registry.Requirements(devices=2),
     description="plain jnp block, jit with NamedSharding in/out (XLA chooses the rest)",
     precision=precisions.TF32_ON_GPU,  # XLA's default dots
+    autotunes=True,  # its dots go through XLA:GPU's GEMM autotuner
 ))
