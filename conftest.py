@@ -42,8 +42,7 @@ environment.configure()
 # `pytest -m perf` in one process does (preallocation is off on a GPU either way:
 # environment.configure): it holds one perf case at a time, and the plan keeps room for it.
 _SHARED_GPU = bool(os.environ.get("PYTEST_XDIST_WORKER")) and environment.nvidia_gpu_present()
-if _SHARED_GPU and os.environ["PYTEST_XDIST_WORKER"] != \
-        os.environ.get(environment.PERF_WORKER_VARIABLE):
+if _SHARED_GPU and environment.device_shared():
     os.environ.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
 
 # Without a GPU, most of the suite's time was XLA compiling for the CPU (74% of the kernel

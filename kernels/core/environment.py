@@ -74,6 +74,14 @@ HOST_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
 PERF_WORKER_VARIABLE = "KERNELPERF_PERF_WORKER"
 
 
+def device_shared() -> bool:
+    """True in an xdist worker whose device work runs beside other workers' (every worker of a
+    run but the perf items' own, kernels/testing/perf_phase.py): what it times, it times under
+    their load."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return bool(worker) and xdist_workers() > 1 and worker != os.environ.get(PERF_WORKER_VARIABLE)
+
+
 def xdist_workers() -> int:
     """Processes of this pytest run sharing the machine: its xdist workers, or 1."""
     return max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
