@@ -68,9 +68,11 @@ pytest: install
 	$(BIN)/python -m pytest -n $(JOBS) -m "not readme"
 
 # Every command of README.md and docs/*.md not labelled for a GPU, run in a fresh clone with an
-# empty home (correctness_tests/test_readme.py); prints each command's time and outcome.
+# empty home (correctness_tests/test_readme.py); prints each command's time and outcome. Its
+# one file is named: collecting the whole suite to deselect all but one item cost 3 CPU-s more.
 readme-check: install
-	KERNELPERF_README_CHECK=1 $(BIN)/python -m pytest -m readme -p no:xdist -p no:cacheprovider -s -q
+	KERNELPERF_README_CHECK=1 $(BIN)/python -m pytest correctness_tests/test_readme.py -m readme \
+		-p no:xdist -p no:cacheprovider -s -q
 
 # Mutation testing of the harness (kernels/testing/mutation.py): whole modules, each target's
 # mutants against its tests, a score per module over all of them; survivors without a reason
