@@ -35,3 +35,19 @@ def test_the_scan_sees_importorskip_calls(tmp_path):
     sample.write_text('import pytest\nx = pytest.importorskip("kernels.bench.asv_tools")\n'
                       'y = pytest.importorskip("torch")\n')
     assert _skipped_imports(sample) == [(2, "kernels.bench.asv_tools"), (3, "torch")]
+
+
+def test_cpu_runs_compile_with_the_fast_flags_only_where_jaxlib_knows_them():
+    """conftest adds compat.CPU_FAST_COMPILE_FLAGS on a CPU run after asking jaxlib; a flag it
+    does not know is refused by the probe, not handed to XLA (which ends the process)."""
+    import os
+
+    import pytest
+
+    from kernels.core import compat, environment
+
+    assert not compat.xla_flags_accepted("--xla_cpu_no_such_flag_here=true")
+    if environment.nvidia_gpu_present():
+        pytest.skip("a GPU run keeps XLA's default flags")
+    # The jaxlib of this project's CPU machines (0.10.2) knows them: the run uses them.
+    assert compat.CPU_FAST_COMPILE_FLAGS in os.environ.get("XLA_FLAGS", "")

@@ -617,16 +617,20 @@ def page_content(name: str, dom: str) -> str:
 
 def check_pages(html_dir: str | os.PathLike, out: str | os.PathLike | None = None, *,
                 graph: str = DEFAULT_GRAPH, size: tuple[int, int] = (1400, 900),
+                opening: Callable[[str], None] | None = None,
                 done: Callable[[str, PageFacts, str], None] | None = None,
                 timeout: float = CHECK_TIMEOUT_S) -> dict[str, tuple[PageFacts, str]]:
     """Open every page asv publishes (PAGES) of a published dashboard in headless chromium;
     per page, (what chromium saw, `page_content`), each also handed to `done` as it is
-    seen. With `out`: <page>.png and <page>.console.txt (its console messages and failed
-    requests, or that there were none) written there."""
+    seen (and its name to `opening` before chromium starts on it). With `out`: <page>.png and
+    <page>.console.txt (its console messages and failed requests, or that there were none)
+    written there."""
     found = {}
     for name, page in PAGES.items():
         page = graph if page is None else page
         png = Path(out) / f"{name}.png" if out is not None else None
+        if opening is not None:
+            opening(name)
         facts = open_page(html_dir, page, png, size=size, timeout=timeout)
         found[name] = (facts, page_content(name, facts.dom))
         if out is not None:
@@ -689,13 +693,19 @@ def open_page(html_dir: str | os.PathLike, page: str = "", png: str | os.PathLik
     failed: list[str] = []
     with serve(html_dir, failed) as base:
         url = page_url(base, page, params)
-        dom = _chromium(url, "--dump-dom", size=size, budget_ms=budget_ms, timeout=timeout,
-                        console=console)
+        shot = []
         if png is not None:
             png = Path(png).resolve()
             png.parent.mkdir(parents=True, exist_ok=True)
-            _chromium(url, f"--screenshot={png}", size=size, budget_ms=budget_ms,
-                      timeout=timeout, console=console)
+            png.unlink(missing_ok=True)
+            shot = [f"--screenshot={png}"]
+        # One run dumps the DOM and takes the screenshot (chromium 150 does both; each run
+        # costing seconds of two cores); a chromium that does one action only gets a second.
+        dom = _chromium(url, "--dump-dom", *shot, size=size, budget_ms=budget_ms,
+                        timeout=timeout, console=console)
+        if png is not None and not png.is_file():
+            _chromium(url, *shot, size=size, budget_ms=budget_ms, timeout=timeout,
+                      console=console)
             if not png.is_file():
                 raise RuntimeError(f"chromium wrote no screenshot to {png}")
     return PageFacts(url.removeprefix(base), dom, tuple(dict.fromkeys(console)),
@@ -861,13 +871,16 @@ def _check_pages_command(prog: str, args: argparse.Namespace) -> int:
         Path(args.out).mkdir(parents=True, exist_ok=True)
     def say(name: str, facts: PageFacts, content: str) -> None:
         problems = facts.problems()
-        print(f"{name:12s} {'FAILED' if problems else 'ok':6s} #{facts.url.partition('#')[2]}: "
-              f"{content}", flush=True)
+        print(f"{'FAILED' if problems else 'ok':6s} #{facts.url.partition('#')[2]}: {content}",
+              flush=True)
         for problem in problems:
             print(f"    {problem}", flush=True)
 
     try:
-        pages = check_pages(args.check_pages, args.out, graph=graph, done=say)
+        # The page's name as chromium starts on it, its verdict on the same line once seen:
+        # a page takes seconds, the benchmark list the most.
+        pages = check_pages(args.check_pages, args.out, graph=graph, done=say,
+                            opening=lambda name: print(f"{name:12s} ", end="", flush=True))
     except RuntimeError as error:  # chromium failed or hung on a page
         print(f"{prog}: {error}", file=sys.stderr)
         return 1
