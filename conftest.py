@@ -54,7 +54,9 @@ if _SHARED_GPU and environment.device_shared():
 # outside pytest keep XLA's default, and so do the README check's commands (run as a user
 # runs them); a GPU run keeps it too (PTX, not LLVM's CPU code).
 # The flags of compat.CPU_FAST_COMPILE_FLAGS cut XLA's compile time to a third again, where this
-# jaxlib knows them (asked once, by the first process; the rest inherit the result).
+# jaxlib knows them (asked once, by the first process; the rest inherit the result). They
+# change which fusions XLA:CPU forms, so the HLO and memory guards compile with XLA's default
+# emitters (compat.guard_compile_options); results and everything else are unchanged.
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 if not environment.nvidia_gpu_present() and os.environ.get("KERNELPERF_README_CHECK") != "1" \
         and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):

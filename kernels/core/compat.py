@@ -154,6 +154,19 @@ def xla_flags_accepted(flags: str, timeout: float = 120.0) -> bool:
     return done.returncode == 0
 
 
+def guard_compile_options() -> dict[str, object] | None:
+    """Per-compile options for the HLO and memory guards: where XLA_FLAGS turned XLA:CPU's
+    fusion emitters off (CPU_FAST_COMPILE_FLAGS, as the CPU test runs do), they are turned back
+    on for the guard's compile, since the emitters decide which fusions XLA forms and the
+    guards' expectations are declared for XLA's default pipeline (with them off, a planted
+    row-by-row softmax compiled to as many fusions as the real one). None otherwise."""
+    import os
+
+    if "--xla_cpu_use_fusion_emitters=false" in os.environ.get("XLA_FLAGS", "").split():
+        return {"xla_cpu_use_fusion_emitters": True}
+    return None
+
+
 # JAX's monitoring events (jax._src.dispatch, compiler), the same names in 0.10.2 and 0.11.2:
 # one backend compile per miss of the in-memory caches (persistent-cache hits included),
 # one trace per jaxpr traced, and the persistent cache's requests and hits.

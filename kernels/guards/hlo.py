@@ -234,7 +234,10 @@ def compiled_text(fn: Callable[..., Any], args: tuple[Any, ...],
     """Optimized HLO of `fn(*args, **kwargs)` as XLA compiles it for the default backend."""
     import jax
 
-    return jax.jit(functools.partial(fn, **(kwargs or {}))).lower(*args).compile().as_text()
+    from kernels.core import compat
+
+    lowered = jax.jit(functools.partial(fn, **(kwargs or {}))).lower(*args)
+    return lowered.compile(compiler_options=compat.guard_compile_options()).as_text()
 
 
 def case_arguments(impl: registry.Implementation, case: registry.Case) -> tuple[Any, ...]:

@@ -106,7 +106,9 @@ def measure(impl: registry.Implementation, case: registry.Case, direction: str =
         gc.collect()
         start = _bytes_in_use(device)
     fn, args = program(impl, case, direction)
-    compiled = jax.jit(fn).lower(*args).compile()
+    from kernels.core import compat
+
+    compiled = jax.jit(fn).lower(*args).compile(compiler_options=compat.guard_compile_options())
     analysis = compiled.memory_analysis()
     live_peak = None
     if start is not None and (live is None or live):
