@@ -5,6 +5,7 @@ publishes from."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -126,29 +127,49 @@ def _default_view_points(html: Path) -> dict[str, dict[str, int]]:
     return found
 
 
-def test_local_run_keeps_every_shipped_result_in_view(local_run, tmp_path):
+@dataclasses.dataclass(frozen=True)
+class Published:
+    """`make dashboard` after a local run, published once for the tests that open it."""
+
+    local: Path  # the local run's results, its benchmark list edited as below
+    lines: list[str]  # what the merge said
+    html: Path
+
+
+@pytest.fixture(scope="module")
+def published(local_run, tmp_path_factory) -> Published:
+    """The shipped GPU results and the local run published together, as `make dashboard`
+    does after `make bench`. The local benchmark list is marked as written by other benchmark
+    code (another version), as a local edit of a benchmark makes it: a run of this checkout
+    beside results that older code recorded."""
+    tmp = tmp_path_factory.mktemp("dashboard-published")
+    local = tmp / "local"
+    subprocess.run(["cp", "-r", str(local_run), str(local)], check=True)
+    local_list = json.loads((local / "benchmarks.json").read_text())
+    local_list[BENCHMARK]["version"] = "edited-here"
+    (local / "benchmarks.json").write_text(json.dumps(local_list))
+    combined = tmp / "combined"
+    lines = dashboard.combine_results([dashboard.SHIPPED_RESULTS, local], combined)
+    html = dashboard.publish(combined, tmp / "html", repo=ROOT, branches=["HEAD"])
+    return Published(local, lines, html)
+
+
+def test_local_run_keeps_every_shipped_result_in_view(local_run, published, tmp_path):
     """`make dashboard` after a local run: the local benchmark list was written by other
     benchmark code (another version) and names no dashboard metric; every shipped machine's
     time_device points are still drawn beside this machine's, and every graph opens on
     filters with points for each machine that has any."""
-    local = tmp_path / "local"
-    subprocess.run(["cp", "-r", str(local_run), str(local)], check=True)
-    local_list = json.loads((local / "benchmarks.json").read_text())
+    local_list = json.loads((local_run / "benchmarks.json").read_text())
     assert GBPS not in local_list, "a plain run lists no dashboard metric"
-    local_list[BENCHMARK]["version"] = "edited-here"  # as a local edit of the benchmark makes it
-    (local / "benchmarks.json").write_text(json.dumps(local_list))
     shipped = dashboard.machines_with(dashboard.SHIPPED_RESULTS, BENCHMARK)
     assert shipped, "the repository ships GPU results"
     # The multi-GPU machines ship the sharded operations only.
     assert not {"2x-nvidia-h100-80gb-hbm3", "4x-nvidia-h100-80gb-hbm3"} & set(shipped)
 
-    combined = tmp_path / "combined"
-    lines = dashboard.combine_results([dashboard.SHIPPED_RESULTS, local], combined)
+    local, lines, html = published.local, published.lines, published.html
     assert any("recorded by other benchmark code" in line for line in lines), lines
-    html = tmp_path / "html"
     png = tmp_path / "after_local_run.png"
-    facts = dashboard.screenshot(combined, BENCHMARK, png, html_dir=html, repo=ROOT,
-                                 branches=["HEAD"])
+    facts = dashboard.graph_facts(dashboard.render(html, BENCHMARK, png))
     drawn = {label.split(" · ")[0] for label, points in facts.series if points}
     assert set(shipped) | {LOCAL_MACHINE} <= drawn, facts
     assert facts.hidden_empty >= 0 and all(points for _, points in facts.series), facts
@@ -445,14 +466,12 @@ def test_regression_thresholds_come_from_each_rows_measured_noise(tmp_path):
     assert not [name for name in found if name.startswith(gbps)], found
 
 
-def test_every_page_opens_offline_on_data_with_a_clean_console(local_run, tmp_path):
+def test_every_page_opens_offline_on_data_with_a_clean_console(published, tmp_path):
     """`make bench`'s dashboard (the shipped GPU results and a local run) in headless chromium:
     the grid, a graph, the benchmark list and the regressions page each load (none left on
     "Loading..."), write nothing to the console and ask for no file the folder lacks; each
     shows what it should (PNGs and console logs under tmp_path, to look at)."""
-    combined = tmp_path / "combined"
-    dashboard.combine_results([dashboard.SHIPPED_RESULTS, local_run], combined)
-    html = dashboard.publish(combined, tmp_path / "html", repo=ROOT, branches=["HEAD"])
+    html = published.html
     pages = dashboard.check_pages(html, tmp_path)
     for name, (facts, content) in pages.items():
         assert facts.problems() == [], (name, facts.problems(), content)
