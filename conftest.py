@@ -53,8 +53,8 @@ if _SHARED_GPU and environment.device_shared():
 # starts; the subprocesses the tests start (CLI, asv) inherit it. Benchmarks and the CLI
 # outside pytest keep XLA's default, and so do the README check's commands (run as a user
 # runs them); a GPU run keeps it too (PTX, not LLVM's CPU code).
-# The flags of compat.CPU_FAST_COMPILE_FLAGS cut XLA's compile time to a third again, where this
-# jaxlib knows them (asked once, by the first process; the rest inherit the result). They
+# The flags of compat.CPU_FAST_COMPILE_FLAGS cut XLA's compile time to a third again, those this
+# jaxlib knows (asked once, by the first process; the rest inherit the result). They
 # change which fusions XLA:CPU forms, so the HLO and memory guards compile with XLA's default
 # emitters (compat.guard_compile_options); results and everything else are unchanged.
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
@@ -63,9 +63,8 @@ if not environment.nvidia_gpu_present() and os.environ.get("KERNELPERF_README_CH
     from kernels.core import compat
 
     _flags = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
-    if compat.xla_flags_accepted(f"{_flags} {compat.CPU_FAST_COMPILE_FLAGS}"):
-        _flags = f"{_flags} {compat.CPU_FAST_COMPILE_FLAGS}"
-    os.environ["XLA_FLAGS"] = _flags
+    os.environ["XLA_FLAGS"] = " ".join(
+        [_flags, *compat.accepted_xla_flags(_flags, compat.CPU_FAST_COMPILE_FLAGS)])
 
 # The run measures this machine's ceilings (kernels/roofline/ceilings.py, $KERNELPERF_CACHE)
 # into a cache of its own, made by the first process (the controller) and inherited by its

@@ -38,16 +38,22 @@ def test_the_scan_sees_importorskip_calls(tmp_path):
 
 
 def test_cpu_runs_compile_with_the_fast_flags_only_where_jaxlib_knows_them():
-    """conftest adds compat.CPU_FAST_COMPILE_FLAGS on a CPU run after asking jaxlib; a flag it
-    does not know is refused by the probe, not handed to XLA (which ends the process)."""
+    """conftest adds those of compat.CPU_FAST_COMPILE_FLAGS this jaxlib accepts on a CPU run; a
+    flag it does not know is refused by the probe, not handed to XLA (which ends the process).
+    jaxlib 0.10.2 knows both; 0.11.2 only the second."""
     import os
 
     import pytest
 
     from kernels.core import compat, environment
 
-    assert not compat.xla_flags_accepted("--xla_cpu_no_such_flag_here=true")
+    unknown = "--xla_cpu_no_such_flag_here=true"
+    assert not compat.xla_flags_accepted(unknown)
+    known = "--xla_cpu_parallel_codegen_split_count=1"
+    assert compat.accepted_xla_flags("", (unknown, known)) == [known]
     if environment.nvidia_gpu_present():
         pytest.skip("a GPU run keeps XLA's default flags")
-    # The jaxlib of this project's CPU machines (0.10.2) knows them: the run uses them.
-    assert compat.CPU_FAST_COMPILE_FLAGS in os.environ.get("XLA_FLAGS", "")
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    assert known in flags
+    fusion = compat.CPU_FAST_COMPILE_FLAGS[0]
+    assert (fusion in flags) == compat.xla_flags_accepted(fusion), flags

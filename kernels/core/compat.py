@@ -132,9 +132,10 @@ def collective_matmul_mgpu():
 # per program instead of parallel codegen's split (threads a 2-core machine's other test
 # processes already use). Together they cut XLA's compile time in the CPU kernel checks to
 # 30% of -O0's alone (65 compiles of Pallas softmax and attention: 7.7 s -> 2.3 s, jaxlib
-# 0.10.2, 2026-12-02). XLA ends the process at an unknown flag, so a jaxlib that lacks one is
-# asked first (`xla_flags_accepted`).
-CPU_FAST_COMPILE_FLAGS = ("--xla_cpu_use_fusion_emitters=false "
+# 0.10.2, 2026-12-02). jaxlib 0.11.2 no longer knows the first (its CPU client refused it on
+# the GPU machine, 2026-12-02), and XLA ends the process at an unknown flag, so each is asked
+# for first (`accepted_xla_flags`).
+CPU_FAST_COMPILE_FLAGS = ("--xla_cpu_use_fusion_emitters=false",
                           "--xla_cpu_parallel_codegen_split_count=1")
 
 
@@ -152,6 +153,16 @@ def xla_flags_accepted(flags: str, timeout: float = 120.0) -> bool:
     except subprocess.TimeoutExpired:
         return False
     return done.returncode == 0
+
+
+def accepted_xla_flags(base: str, candidates: tuple[str, ...]) -> list[str]:
+    """The `candidates` this jaxlib accepts beside the XLA_FLAGS `base`: all of them where one
+    process starts with all (one probe where every one is known), else each asked alone."""
+    if xla_flags_accepted(" ".join([base, *candidates])):
+        return list(candidates)
+    if len(candidates) == 1:
+        return []
+    return [flag for flag in candidates if xla_flags_accepted(f"{base} {flag}")]
 
 
 def guard_compile_options() -> dict[str, object] | None:
