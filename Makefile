@@ -43,6 +43,13 @@ dashboard-deps: $(VENV)/.installed
 	  $$sudo apt-get install -y -q --no-install-recommends $$missing >/dev/null; } || \
 	echo "could not install $$missing: the dashboard test will skip"
 
+# pytest's workers in make test: one more than the cores, beside the perf items' worker (which
+# -n N counts among the N). Many tests wait on child processes, sleeps and planted hangs; a
+# worker more keeps the cores busy through those waits. Fresh clones on the 2-core machine,
+# same commit, 2026-12-02: -n auto (3) 392 s and 674 CPU-s, -n 4 344 s and 628 CPU-s.
+# `make test JOBS=N` still chooses.
+TEST_JOBS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 2 )))
+
 # pytest and the README check side by side: the check runs one command at a time (about
 # three quarters of a core), so beside pytest's workers it uses what they leave of a 2-core
 # machine; one after the other, make test took 8 min 30 s there (2026-11-26, load ~3). Their
@@ -51,12 +58,6 @@ dashboard-deps: $(VENV)/.installed
 # (PYTHONDONTWRITEBYTECODE=1, as on the project's CPU machine): hundreds of Python processes
 # import the same modules, and pytest keeps its rewritten test modules only in them (a full
 # collection: 11.4 CPU-s without, 6.9 with; every worker and pytest run collects).
-# pytest's workers in make test: one more than the cores, beside the perf items' worker (which
-# -n N counts among the N). Many tests wait on child processes, sleeps and planted hangs; a
-# worker more keeps the cores busy through those waits. Fresh clones on the 2-core machine,
-# same commit, 2026-12-02: -n auto (3) 392 s and 674 CPU-s, -n 4 344 s and 628 CPU-s.
-# `make test JOBS=N` still chooses.
-TEST_JOBS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 2 )))
 test: install lint
 	@env -u PYTHONDONTWRITEBYTECODE $(MAKE) --no-print-directory -j2 pytest readme-check \
 		JOBS=$(if $(filter command line environment,$(origin JOBS)),$(JOBS),$(TEST_JOBS))

@@ -882,6 +882,7 @@ def _check_pages_command(prog: str, args: argparse.Namespace) -> int:
         pages = check_pages(args.check_pages, args.out, graph=graph, done=say,
                             opening=lambda name: print(f"{name:12s} ", end="", flush=True))
     except RuntimeError as error:  # chromium failed or hung on a page
+        print(flush=True)  # ends the line of the page it was opening
         print(f"{prog}: {error}", file=sys.stderr)
         return 1
     failed = sum(bool(facts.problems()) for facts, _ in pages.values())

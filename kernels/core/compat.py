@@ -173,7 +173,7 @@ def guard_compile_options() -> dict[str, object] | None:
     row-by-row softmax compiled to as many fusions as the real one). None otherwise."""
     import os
 
-    if "--xla_cpu_use_fusion_emitters=false" in os.environ.get("XLA_FLAGS", "").split():
+    if CPU_FAST_COMPILE_FLAGS[0] in os.environ.get("XLA_FLAGS", "").split():
         return {"xla_cpu_use_fusion_emitters": True}
     return None
 
