@@ -634,12 +634,17 @@ def _child_pytest(tmp_path, *args: str, timeout: float = 300):
     return done.returncode, drill.junit_outcomes(junit), done.stdout + done.stderr
 
 
+def _planted(outcomes, names) -> set[str]:
+    """Ids of the stand-ins `names` that ran."""
+    return {k for k, (outcome, _) in outcomes.items()
+            if outcome != "skipped" and any(f"{OP}-{name}-" in k for name in names)}
+
+
 def _split(outcomes, names):
     """(failed ids, ids of the stand-ins `names` that ran, other ids that ran but did not
     pass)."""
     failed = {k for k, (outcome, _) in outcomes.items() if outcome == "failed"}
-    planted = {k for k, (outcome, _) in outcomes.items()
-               if outcome != "skipped" and any(f"{OP}-{name}-" in k for name in names)}
+    planted = _planted(outcomes, names)
     wrong = {k for k, (outcome, _) in outcomes.items()
              if outcome not in ("passed", "skipped") and k not in planted}
     return failed, planted, wrong
@@ -663,12 +668,6 @@ def contained_run(tmp_path_factory):
         "--plant-fault", f"{OP}:hang", "--plant-fault", f"{OP}:abort",
         "--plant-fault", f"{OP}:sticky:{first}", "--plant-fault", f"{OP}:sticky-async:{second}",
         "--item-limit", "8")
-
-
-def _planted(outcomes, names) -> set[str]:
-    """Ids of the stand-ins `names` that ran."""
-    return {k for k, (outcome, _) in outcomes.items()
-            if outcome != "skipped" and any(f"{OP}-{name}-" in k for name in names)}
 
 
 @pytest.mark.slow

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 
 import jax
@@ -142,10 +145,6 @@ CPU_FAST_COMPILE_FLAGS = ("--xla_cpu_use_fusion_emitters=false",
 def xla_flags_accepted(flags: str, timeout: float = 120.0) -> bool:
     """Whether this jaxlib's CPU client starts with XLA_FLAGS=`flags` (a fresh Python process,
     as XLA aborts its process on a flag it does not know)."""
-    import os
-    import subprocess
-    import sys
-
     env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
     try:
         done = subprocess.run([sys.executable, "-c", "import jax; jax.devices('cpu')"], env=env,
@@ -171,8 +170,6 @@ def guard_compile_options() -> dict[str, object] | None:
     on for the guard's compile, since the emitters decide which fusions XLA forms and the
     guards' expectations are declared for XLA's default pipeline (with them off, a planted
     row-by-row softmax compiled to as many fusions as the real one). None otherwise."""
-    import os
-
     if CPU_FAST_COMPILE_FLAGS[0] in os.environ.get("XLA_FLAGS", "").split():
         return {"xla_cpu_use_fusion_emitters": True}
     return None
